@@ -1,0 +1,1 @@
+"""normdiff harness: the case catalogue, the checks, the pytest plugin and the reports."""

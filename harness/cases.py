@@ -1,0 +1,249 @@
+"""The case catalogue: plain values, generated from a few declarative tables.
+
+A Case says everything needed to rebuild its inputs bit for bit (the seed is derived from its id),
+so a failure reproduces from the pytest id alone. Profiles pick subsets: ``quick`` for CPU and
+CI, ``full`` for a GPU.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from impls.base import NormSpec, dtype_name
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEFAULT_EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
+
+# Row lengths that are not multiples of any block or vector width, and every power of two.
+ODD_N = (1, 7, 127, 129, 769, 1000, 1536, 3000, 4000, 4097, 5120, 12345)
+POW2_N = tuple(2**k for k in range(17))  # 1 .. 65536
+LONG_N = (65537, 100000, 131072, 262144)  # beyond one block: for kernels that claim it
+TAIL_M = (1, 3, 17, 1025)
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    dtype: str
+    shape: tuple[int, ...]  # (M, N) or (B, S, N)
+    dist: str = "normal"  # see make_x
+    eps: float | None = None  # None: the op's default
+    affine: str = "weight_bias"  # "none", "weight" or "weight_bias" (rms_norm has no bias)
+    row_pad: int = 0  # extra elements between rows of x (strided rows)
+    tags: tuple[str, ...] = field(default=(), compare=False)  # why the case is in the catalogue
+
+    @property
+    def n(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.shape[:-1])
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def eps_value(self) -> float:
+        return DEFAULT_EPS[self.op] if self.eps is None else self.eps
+
+    @property
+    def has_weight(self) -> bool:
+        return self.affine in ("weight", "weight_bias")
+
+    @property
+    def has_bias(self) -> bool:
+        return self.affine == "weight_bias" and self.op == "layer_norm"
+
+    @property
+    def id(self) -> str:
+        parts = [self.op, self.dtype, "x".join(map(str, self.shape)), self.dist]
+        if self.eps is not None:
+            parts.append(f"eps{self.eps:g}")
+        if self.affine != "weight_bias":
+            parts.append("noaffine" if self.affine == "none" else "weightonly")
+        if self.row_pad:
+            parts.append(f"stride{self.n + self.row_pad}")
+        return "-".join(parts)
+
+    @property
+    def seed(self) -> int:
+        return int.from_bytes(hashlib.sha256(self.id.encode()).digest()[:4], "little")
+
+    def spec(self, device: str) -> NormSpec:
+        return NormSpec(
+            op=self.op,
+            dtype=self.torch_dtype,
+            rows=self.rows,
+            n=self.n,
+            row_stride=self.n + self.row_pad,
+            device=device,
+            has_weight=self.has_weight,
+            has_bias=self.has_bias,
+        )
+
+    def nbytes(self) -> int:
+        return self.rows * (self.n + self.row_pad) * self.torch_dtype.itemsize
+
+
+@dataclass
+class Inputs:
+    x: torch.Tensor
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    eps: float
+
+
+def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:
+    """Deterministic inputs for a case, made on the CPU (same bits on every device), then moved."""
+    gen = torch.Generator().manual_seed(case.seed)
+    dtype = case.torch_dtype
+    lead, n = case.shape[:-1], case.n
+    storage = make_x(case.dist, (*lead, n + case.row_pad), dtype, gen)
+    x = storage.to(device)[..., :n]
+    weight = bias = None
+    if case.has_weight:  # weights away from one, some negative: an ignored weight shows
+        weight = (1.0 + 0.5 * torch.randn(n, generator=gen)).to(dtype).to(device)
+    if case.has_bias:
+        bias = (0.5 * torch.randn(n, generator=gen)).to(dtype).to(device)
+    return Inputs(x=x, weight=weight, bias=bias, eps=case.eps_value)
+
+
+def make_x(dist: str, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    finfo = torch.finfo(dtype)
+    normal = lambda: torch.randn(shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    if dist == "normal":
+        x = normal()
+    elif dist == "offset":  # mean and scale vary per row
+        lead = (*shape[:-1], 1)
+        x = normal() * torch.rand(lead, generator=gen, dtype=torch.float64) * 4 + torch.randn(
+            lead, generator=gen, dtype=torch.float64
+        ) * 3
+    elif dist == "large_mean":
+        # mean 1e4 and a spread of a few ulps at that magnitude: E[x^2]-E[x]^2 cancels.
+        x = 1e4 + normal() * max(1.0, 1e4 * finfo.eps)
+    elif dist == "constant":  # variance exactly zero; each row its own value
+        x = torch.randn((*shape[:-1], 1), generator=gen, dtype=torch.float64).expand(shape).clone() * 2
+    elif dist == "tiny":  # squares underflow a half-precision accumulator
+        x = normal() * (1e-4 if dtype == torch.float16 else 1e-12)
+    elif dist == "huge":  # squares overflow a half-precision accumulator, not a float32 one
+        x = normal() * (1e4 if dtype == torch.float16 else 1e12)
+    elif dist == "nan_row":  # one NaN in one row: that row's outputs are NaN, no other row's
+        x = normal()
+        flat = x.view(-1, shape[-1])
+        flat[flat.shape[0] // 2, shape[-1] // 3] = float("nan")
+    else:
+        raise ValueError(f"unknown distribution {dist!r}")
+    return x.to(dtype)
+
+
+# -- profiles ---------------------------------------------------------------------------------
+def _both_ops(**kw) -> list[Case]:
+    return [Case(op=op, **kw) for op in ("rms_norm", "layer_norm")]
+
+
+def _catalogue(profile: str) -> list[Case]:
+    full = profile == "full"
+    all_dtypes = tuple(DTYPES)
+    cases: list[Case] = []
+    add = cases.extend
+
+    # Row length N: odd sizes and powers of two (padding must not enter the statistics).
+    m_sweep = 64 if full else 3
+    for n in sorted(set(ODD_N + POW2_N)):
+        for dt in all_dtypes if (full or n in ODD_N) else ("bfloat16",):
+            add(_both_ops(dtype=dt, shape=(m_sweep, n), tags=("padded N",)))
+    for n in LONG_N if full else (65537, 100000):
+        add(_both_ops(dtype="bfloat16", shape=(2, n), tags=("long rows",)))
+        if full:
+            add(_both_ops(dtype="float32", shape=(2, n), tags=("long rows",)))
+
+    # Row count M: tails of any rows-per-program choice.
+    for m in TAIL_M + ((4096, 16384) if full else ()):
+        for n in (769, 4000) if not full else (769, 4000, 4096, 8192):
+            for dt in ("float32", "bfloat16") if not full else all_dtypes:
+                add(_both_ops(dtype=dt, shape=(m, n), tags=("M tail",)))
+
+    # Distributions: cancellation, zero variance, extreme magnitudes, NaN isolation.
+    dist_n = (129, 1000, 4000, 4097) if not full else (129, 1000, 4000, 4096, 4097, 12345, 65536)
+    for dist in ("large_mean", "constant", "offset", "nan_row"):
+        for n in dist_n if dist in ("large_mean", "offset") else (1000, 4096):
+            for dt in all_dtypes:
+                add(_both_ops(dtype=dt, shape=(17 if not full else 1025, n), dist=dist, tags=(dist,)))
+    for dist in ("tiny", "huge"):
+        for dt in all_dtypes:
+            add(_both_ops(dtype=dt, shape=(5, 4000), dist=dist, tags=(dist,)))
+
+    # eps: a large eps exposes an eps added outside the square root.
+    for eps in (1e-6, 0.1):
+        for n in (1000, 4096):
+            for dt in ("float32", "bfloat16"):
+                add(_both_ops(dtype=dt, shape=(9, n), eps=eps, tags=("eps",)))
+
+    # Affine parameters present or absent.
+    for affine in ("none", "weight"):
+        for dt in ("float32", "bfloat16"):
+            add(_both_ops(dtype=dt, shape=(7, 1000), affine=affine, tags=("affine",)))
+
+    # Layout: strided rows, 3-D input, one row, one column.
+    for pad in (64, 1000):
+        for dt in ("float32", "bfloat16"):
+            add(_both_ops(dtype=dt, shape=(33, 1000), row_pad=pad, tags=("strided rows",)))
+            add(_both_ops(dtype=dt, shape=(5, 4097), row_pad=pad, tags=("strided rows",)))
+    for shape in ((2, 17, 1536), (4, 8, 4000)) + (((8, 512, 4096),) if full else ()):
+        for dt in ("float32", "bfloat16"):
+            add(_both_ops(dtype=dt, shape=shape, tags=("3-D",)))
+    for dt in all_dtypes:
+        add(_both_ops(dtype=dt, shape=(1, 4096), tags=("one row",)))
+        add(_both_ops(dtype=dt, shape=(17, 1), tags=("one column",)))
+
+    if full:  # the shapes real models run
+        for shape in ((16384, 4096), (16384, 4000), (32768, 1024), (4096, 8192), (2048, 65536)):
+            for dt in all_dtypes:
+                add(_both_ops(dtype=dt, shape=shape, dist="offset", tags=("model shape",)))
+    return cases
+
+
+def catalogue(profile: str = "quick") -> list[Case]:
+    """The profile's cases, without duplicates, in a stable order."""
+    if profile not in ("quick", "full"):
+        raise ValueError(f"unknown profile {profile!r}; expected quick or full")
+    seen: dict[str, Case] = {}
+    for case in _catalogue(profile):
+        if case.id in seen:
+            old = seen[case.id]
+            seen[case.id] = Case(**{**old.__dict__, "tags": tuple(dict.fromkeys(old.tags + case.tags))})
+        else:
+            seen[case.id] = case
+    return list(seen.values())
+
+
+_ID = re.compile(
+    r"(?P<op>[a-z_]+)-(?P<dtype>[a-z0-9]+)-(?P<shape>[0-9x]+)-(?P<dist>[a-z_]+)"
+    r"(?:-eps(?P<eps>[0-9.e+-]+?))?(?:-(?P<affine>noaffine|weightonly))?(?:-stride(?P<stride>[0-9]+))?$"
+)
+
+
+def case_from_id(case_id: str) -> Case:
+    """Inverse of Case.id, for rebuilding a failing case's inputs outside pytest."""
+    m = _ID.match(case_id)
+    if not m:
+        raise ValueError(f"not a case id: {case_id!r}")
+    shape = tuple(int(s) for s in m["shape"].split("x"))
+    return Case(
+        op=m["op"],
+        dtype=m["dtype"],
+        shape=shape,
+        dist=m["dist"],
+        eps=float(m["eps"]) if m["eps"] else None,
+        affine={"noaffine": "none", "weightonly": "weight", None: "weight_bias"}[m["affine"]],
+        row_pad=int(m["stride"]) - shape[-1] if m["stride"] else 0,
+    )
+
+
+__all__ = ["Case", "Inputs", "catalogue", "case_from_id", "make_inputs", "dtype_name"]

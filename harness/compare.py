@@ -1,0 +1,174 @@
+"""Tolerance policy and error statistics.
+
+Each output is compared separately with the float64 oracle. An element passes when
+
+    |out - ref| <= ULPS[dtype] * ulp_dtype(ref) + FLOOR[dtype] * scale_row
+
+- ``ulp_dtype(ref)`` is the spacing of the output dtype at the reference value: rounding the
+  exact result to the output dtype costs half of one; a kernel that rounds an intermediate costs
+  about one more.
+- ``scale_row`` is the size of what the row's arithmetic cancels, in units of the output:
+  for LayerNorm's y it is max|w| * (1 + |mean| * rstd), because an error d in a float32 mean
+  moves y by d * rstd; for RMSNorm's y it is max|w|. For ordinary rows it is about 1, so the floor
+  is an absolute tolerance; for rows whose mean is 1e4 standard deviations from zero it grows
+  with the conditioning, as the error of any correct float32 kernel does.
+- The statistics are float32 (or the precision the kernel declares it computes them in). A
+  stable variance (two-pass, Welford, Chan's merge) errs by about u * cond relative, with
+  cond = 1 + |mean| * rstd, so rstd's floor scales with cond; the textbook E[x^2] - E[x]^2 errs
+  by about u * cond**2 and fails.
+
+For ordinary data this is stricter than assert_close with atol=rtol=1e-4 (float32) and
+atol=rtol=1e-2 (float16, bfloat16): one bfloat16 ulp is at most 2**-7 |v|.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7, torch.float64: 52}
+
+# y: ulps of the output dtype, and the absolute floor (times scale_row).
+Y_ULPS = {torch.float32: 64, torch.float16: 1, torch.bfloat16: 1}
+Y_FLOOR = {torch.float32: 2e-6, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+# Reported ulp errors of y count values under this magnitude as this magnitude.
+Y_ULP_MAGNITUDE = 2.0**-10
+# mean and rstd: ulps of the precision the statistics are computed in, and a relative floor.
+STAT_ULPS = {torch.float32: 64, torch.float16: 1, torch.bfloat16: 1}
+STAT_FLOOR = {torch.float32: 2e-6, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+
+
+def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of ``dtype`` at each value of ``ref`` (float64), subnormals included."""
+    fi = torch.finfo(dtype)
+    mag = ref.abs().clamp(min=fi.tiny)
+    exponent = torch.floor(torch.log2(mag))
+    return torch.exp2(exponent - MANTISSA_BITS[dtype])
+
+
+@dataclass
+class ErrorStats:
+    """How far one output is from the oracle; recorded whether the case passed or not."""
+
+    output: str
+    max_abs: float
+    max_ulp: float  # largest |out - ref| in ulps of the compared dtype
+    rel_l2: float  # ||out - ref|| / ||ref|| over finite reference values
+    worst_ratio: float  # largest |out - ref| / allowed; > 1 fails
+    mismatched: int  # elements over tolerance, NaN where the oracle is finite, or the reverse
+    numel: int
+    worst_index: tuple[int, ...] | None = None
+    worst_out: float | None = None
+    worst_ref: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatched == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        where = ""
+        if self.worst_index is not None:
+            where = f" worst at {list(self.worst_index)}: got {self.worst_out:.9g}, expected {self.worst_ref:.9g}"
+        return (
+            f"{self.output}: {self.mismatched}/{self.numel} elements out of tolerance, "
+            f"max abs err {self.max_abs:.3g}, max ulp err {self.max_ulp:.3g}, rel L2 {self.rel_l2:.3g}, "
+            f"{self.worst_ratio:.3g}x the allowed error;{where}"
+        )
+
+
+def compare(
+    output: str,
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    dtype: torch.dtype,
+    allowed_floor: torch.Tensor | float,
+    ulps: float,
+    ulp_magnitude_floor: float = 0.0,
+) -> ErrorStats:
+    """Compare ``out`` with float64 ``ref``; allowed = ulps * ulp_dtype(ref) + allowed_floor.
+
+    The reported ulp error counts values under ``ulp_magnitude_floor`` as that magnitude, so
+    that near-zero outputs (whose tolerance is the absolute floor) do not dominate it."""
+    o = out.detach().double()
+    r = ref.detach().double()
+    ref_nan = torch.isnan(r)
+    nan_mismatch = torch.isnan(o) != ref_nan
+    both = ~ref_nan & ~torch.isnan(o)
+    err = torch.where(both, (o - r).abs(), torch.zeros_like(r))
+    # An infinite reference must be matched exactly (inf - inf is NaN: count it separately).
+    inf_mismatch = both & torch.isinf(r) & (o != r)
+    err = torch.where(torch.isinf(r) | torch.isinf(o), torch.where(o == r, 0.0, math.inf), err)
+    u = ulp(r, dtype)
+    allowed = ulps * u + allowed_floor
+    ratio = torch.where(both, err / allowed, torch.zeros_like(r))
+    bad = nan_mismatch | inf_mismatch | (ratio > 1)
+    finite_ref = torch.isfinite(r)
+    num = torch.linalg.vector_norm(torch.where(finite_ref & both, o - r, 0.0)).item()
+    den = torch.linalg.vector_norm(torch.where(finite_ref, r, 0.0)).item()
+    worst = None
+    if r.numel():
+        score = torch.where(nan_mismatch | inf_mismatch, math.inf, ratio)
+        flat = int(torch.argmax(score).item())
+        if bad.view(-1)[flat] or not bad.any():
+            worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), r.shape))
+    return ErrorStats(
+        output=output,
+        max_abs=float(err.max().item()) if err.numel() else 0.0,
+        max_ulp=float(torch.where(both, err / ulp(r.abs().clamp(min=ulp_magnitude_floor), dtype), 0.0).max().item())
+        if err.numel()
+        else 0.0,
+        rel_l2=num / den if den > 0 else (0.0 if num == 0 else math.inf),
+        worst_ratio=float(torch.where(nan_mismatch | inf_mismatch, math.inf, ratio).max().item()) if r.numel() else 0.0,
+        mismatched=int(bad.sum().item()),
+        numel=r.numel(),
+        worst_index=worst,
+        worst_out=float(o.view(-1)[flat]) if worst is not None else None,
+        worst_ref=float(r.view(-1)[flat]) if worst is not None else None,
+    )
+
+
+def row_scale(op: str, ref_mean, ref_rstd, weight) -> torch.Tensor:
+    """scale_row of the module docstring, shape (..., 1), float64; NaN rows get 1."""
+    wmax = 1.0 if weight is None else max(float(weight.double().abs().max()), 1e-30)
+    if op == "layer_norm":
+        cond = 1.0 + (ref_mean.abs() * ref_rstd)
+    else:
+        cond = torch.ones_like(ref_rstd)
+    cond = torch.nan_to_num(cond, nan=1.0, posinf=1.0)
+    return (wmax * cond).unsqueeze(-1)
+
+
+def compare_outputs(op: str, outputs, ref, x_dtype: torch.dtype, stat_dtype: torch.dtype, weight) -> list[ErrorStats]:
+    """Every output the kernel produced, each against the oracle with its own tolerance."""
+    scale = row_scale(op, ref.mean, ref.rstd, weight)
+    cond = row_scale(op, ref.mean, ref.rstd, None).squeeze(-1)
+    stats = [compare("y", outputs.y, ref.y, x_dtype, Y_FLOOR[x_dtype] * scale, Y_ULPS[x_dtype], Y_ULP_MAGNITUDE)]
+    for name in ("mean", "rstd"):
+        got, want = getattr(outputs, name), getattr(ref, name)
+        if got is None or want is None:
+            continue
+        if name == "mean":  # error of a float32 sum: relative to the row's spread and offset
+            floor = STAT_FLOOR[stat_dtype] * (want.abs() + 1.0 / ref.rstd).nan_to_num(nan=0.0)
+        else:  # a stable variance (two-pass, Welford, Chan) errs by about u * cond relative
+            floor = STAT_FLOOR[stat_dtype] * (want.abs() * cond).nan_to_num(nan=0.0)
+        stats.append(compare(name, got, want, stat_dtype, floor, STAT_ULPS[stat_dtype]))
+    return stats
+
+
+def distance(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> float:
+    """Largest difference between two kernels' outputs in ulps of ``dtype``; NaN-pattern
+    differences count as infinite. For the agreement matrix."""
+    a64, b64 = a.double(), b.double()
+    if not torch.equal(torch.isnan(a64), torch.isnan(b64)):
+        return math.inf
+    keep = ~torch.isnan(a64)
+    if not keep.any():
+        return 0.0
+    a64, b64 = a64[keep], b64[keep]
+    magnitude = torch.maximum(a64.abs(), b64.abs()).clamp(min=Y_ULP_MAGNITUDE)
+    d = torch.where(a64 == b64, 0.0, (a64 - b64).abs() / ulp(magnitude, dtype))
+    return float(d.max().item())

@@ -1,0 +1,255 @@
+"""The pytest plugin: backend selection, case parametrisation, result collection, the report.
+
+Loaded by harness/conftest.py, so it is active for ``pytest harness``. The harness never
+branches on backend names: it asks the registry for kernels and each kernel for what it can run.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import compare
+from harness.cases import DTYPES, Case, catalogue
+from harness.runner import CheckResult, OracleCache
+from impls import registry
+from impls.base import OPS, NormKernel
+
+STATE = pytest.StashKey["HarnessState"]()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("normdiff")
+    group.addoption("--backend", default="all", help="all, or a comma-separated list of backend names")
+    group.addoption(
+        "--backend-file", action="append", default=[], metavar="PATH",
+        help="a Python file that registers kernels of an outside backend (repeatable)",
+    )
+    group.addoption("--op", default="all", help="all, rms_norm or layer_norm (comma-separated)")
+    group.addoption("--dtype", default="all", help="all, or float32,float16,bfloat16 (comma-separated)")
+    group.addoption(
+        "--profile", default=None, choices=("quick", "full"),
+        help="case catalogue size; default: full with a GPU, quick without",
+    )
+    group.addoption("--report-dir", default=None, help="where correctness.md/.json go (default: reports/)")
+    group.addoption("--no-report", action="store_true", help="do not write the correctness report")
+
+
+@dataclass
+class HarnessState:
+    kernels: list[NormKernel]
+    cases: list[Case]
+    profile: str
+    selection: dict
+    records: dict[str, dict] = field(default_factory=dict)  # nodeid -> record
+    oracle: OracleCache = field(default_factory=OracleCache)
+    # Agreement matrix: (op, dtype, kernel_a, kernel_b) -> [max ulp distance, cases compared]
+    agreement: dict[tuple[str, str, str, str], list] = field(default_factory=dict)
+    _last_case: str | None = None
+    _last_outputs: dict = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    def record_agreement(self, result: CheckResult) -> None:
+        case = result.case
+        if case.id != self._last_case:
+            self._last_case, self._last_outputs = case.id, {}
+        out = result.outputs
+        if out is None:
+            return
+        for other, other_out in self._last_outputs.items():
+            d = compare.distance(out.y, other_out.y, case.torch_dtype)
+            a, b = sorted((result.kernel, other))
+            cell = self.agreement.setdefault((case.op, case.dtype, a, b), [0.0, 0, ""])
+            if d > cell[0]:
+                cell[0], cell[2] = d, case.id
+            cell[1] += 1
+        self._last_outputs[result.kernel] = out
+
+    # Registered as a plugin object, so pytest calls these hooks too.
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            params = getattr(item, "callspec", None)
+            params = params.params if params else {}
+            case, kernel = params.get("case_kernel", (None, params.get("kernel")))
+            if kernel is None:
+                continue
+            rec = {"test": item.originalname, "kernel": kernel.name, "backend": kernel.backend, "op": kernel.op}
+            if case is not None:
+                rec.update(case=case.id, dtype=case.dtype, tags=list(case.tags))
+            self.records[item.nodeid] = rec
+
+    # Registered as a plugin object, so pytest calls it with every test's phases.
+    def pytest_runtest_logreport(self, report):
+        if report.when != "call" and report.passed:
+            return
+        rec = self.records.get(report.nodeid)
+        if rec is None:  # not a parametrised harness check
+            return
+        if report.skipped:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            rec.update(outcome="skipped", reason=reason.removeprefix("Skipped: "))
+        elif rec.get("outcome") != "failed":
+            rec["outcome"] = report.outcome
+            if report.failed and "message" not in rec:
+                rec["message"] = (report.longreprtext or "")[-3000:]
+        rec["duration"] = rec.get("duration", 0.0) + report.duration
+
+
+def _split(value: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...] | None:
+    if value == "all":
+        return None
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    if allowed is not None:
+        bad = [n for n in names if n not in allowed]
+        if bad:
+            raise pytest.UsageError(f"unknown {what} {', '.join(bad)}; expected all or {', '.join(allowed)}")
+    return names
+
+
+def pytest_configure(config):
+    try:
+        registry.load_all(config.getoption("backend_file"))
+    except FileNotFoundError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    backends = _split(config.getoption("backend"), tuple(registry.backends()), "backend")
+    ops = _split(config.getoption("op"), OPS, "op")
+    dtypes = _split(config.getoption("dtype"), tuple(DTYPES), "dtype")
+    profile = config.getoption("profile") or ("full" if torch.cuda.is_available() else "quick")
+    kernels = [k for k in registry.kernels(list(backends) if backends else None) if ops is None or k.op in ops]
+    cases = [c for c in catalogue(profile) if (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)]
+    selection = {
+        "backend": config.getoption("backend"),
+        "backend_file": config.getoption("backend_file"),
+        "op": config.getoption("op"),
+        "dtype": config.getoption("dtype"),
+        "profile": profile,
+    }
+    state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection)
+    config.stash[STATE] = state
+    config.pluginmanager.register(state, "normdiff-state")
+
+
+def pytest_report_header(config):
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return None
+    lines = [f"normdiff: profile {state.profile}, {len(state.cases)} cases, backends:"]
+    for name, (note, why) in backend_status(state.kernels).items():
+        lines.append(f"  {name}: {why and 'unavailable: ' + why or note}")
+    for source, err in registry.load_errors().items():
+        lines.append(f"  {source} failed to load: {err}")
+    return lines
+
+
+def backend_status(kernels: list[NormKernel]) -> dict[str, tuple[str, str | None]]:
+    """backend -> (how it runs here, why it cannot run here or None)."""
+    status = {}
+    for k in kernels:
+        status.setdefault(k.backend, (k.note(), k.availability()))
+    return status
+
+
+def pytest_generate_tests(metafunc):
+    state = metafunc.config.stash.get(STATE, None)
+    if state is None:
+        return
+    if "case_kernel" in metafunc.fixturenames:
+        params, ids = [], []
+        for case in state.cases:
+            for kernel in state.kernels:
+                if kernel.op == case.op:
+                    params.append((case, kernel))
+                    ids.append(f"{case.id}-{kernel.name}")
+        metafunc.parametrize("case_kernel", params, ids=ids)
+    elif "kernel" in metafunc.fixturenames:
+        metafunc.parametrize("kernel", state.kernels, ids=[f"{k.op}-{k.name}" for k in state.kernels])
+
+
+@pytest.fixture
+def harness_state(request) -> HarnessState:
+    return request.config.stash[STATE]
+
+
+def record(state: HarnessState, nodeid: str, **fields) -> None:
+    state.records.setdefault(nodeid, {}).update(fields)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    state = session.config.stash.get(STATE, None)
+    if state is None or not state.records or session.config.getoption("no_report"):
+        return
+    from harness.report import build_document, write_report
+
+    report_dir = session.config.getoption("report_dir") or str(Path(session.config.rootpath) / "reports")
+    doc = build_document(
+        records=state.records,
+        agreement=state.agreement,
+        backends=backend_status(state.kernels),
+        selection=state.selection,
+        environment=environment(),
+        command=invocation(session.config),
+        elapsed=time.time() - state.started,
+    )
+    paths = write_report(doc, Path(report_dir))
+    session.config._normdiff_report = paths  # noqa: SLF001 (read by the terminal summary)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    paths = getattr(config, "_normdiff_report", None)
+    if paths:
+        terminalreporter.write_line(f"normdiff correctness report: {paths[0]}")
+
+
+def invocation(config) -> str:
+    return "pytest " + " ".join(shlex.quote(a) for a in config.invocation_params.args)
+
+
+def environment() -> dict:
+    import importlib.metadata as md
+    import subprocess
+
+    def version(pkg):
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return None
+
+    env = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": version("triton"),
+        "tilelang": version("tilelang"),
+        "apex": version("apex"),
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+    }
+    try:
+        env["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+            cwd=Path(__file__).parent,
+        ).stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=Path(__file__).parent).stdout.strip()
+        if env["commit"] and dirty:
+            env["commit"] += " (with uncommitted changes)"
+    except (OSError, subprocess.SubprocessError):
+        env["commit"] = None
+    if torch.cuda.is_available():
+        try:
+            env["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20,
+            ).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            env["driver"] = None
+    return env
+

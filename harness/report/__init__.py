@@ -1,0 +1,193 @@
+"""The correctness report: a JSON document and the markdown a person reads, written atomically.
+
+``python -m harness.report reports/correctness.json`` renders the markdown again from the JSON.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+SCHEMA = 1
+# Two passing kernels whose y differ by more than this many ulps of the output dtype
+# (float32 allows 64 ulps each way) get a line of their own.
+DISAGREE_ULPS = {"float32": 128, "float16": 2, "bfloat16": 2}
+
+
+def build_document(*, records, agreement, backends, selection, environment, command, elapsed) -> dict:
+    rows = []
+    for nodeid, rec in records.items():
+        rows.append({"nodeid": nodeid, **rec})
+    return {
+        "schema": SCHEMA,
+        "environment": environment,
+        "command": command,
+        "selection": selection,
+        "elapsed_s": round(elapsed, 1),
+        "backends": {name: {"note": note, "unavailable": why} for name, (note, why) in backends.items()},
+        "records": rows,
+        "agreement": [
+            {"op": op, "dtype": dt, "a": a, "b": b, "max_ulp": d, "cases": n, "worst_case": worst}
+            for (op, dt, a, b), (d, n, worst) in sorted(agreement.items())
+        ],
+    }
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(doc: dict, directory: Path, stem: str = "correctness") -> tuple[Path, Path]:
+    """Write <stem>.json then <stem>.md; a crash leaves the previous pair in place."""
+    md_path, json_path = directory / f"{stem}.md", directory / f"{stem}.json"
+    markdown = render_markdown(doc)  # render first: a rendering error must not leave a half pair
+    atomic_write(json_path, json.dumps(doc, indent=1, default=_json_default, allow_nan=True) + "\n")
+    atomic_write(md_path, markdown)
+    return md_path, json_path
+
+
+def _json_default(obj):
+    if isinstance(obj, tuple):
+        return list(obj)
+    return str(obj)
+
+
+# -- markdown ---------------------------------------------------------------------------------
+def _fmt(v, digits=3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isinf(v) or math.isnan(v):
+            return str(v)
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def repro_command(doc: dict, rec: dict) -> str:
+    sel = doc.get("selection", {})
+    backend = rec.get("backend") or sel.get("backend", "all")
+    parts = ["pytest", shlex.quote(rec["nodeid"]), "--backend", backend, "--profile", sel.get("profile", "quick")]
+    for f in sel.get("backend_file") or ():
+        parts += ["--backend-file", shlex.quote(f)]
+    return " ".join(parts)
+
+
+def render_markdown(doc: dict) -> str:
+    env, records = doc["environment"], doc["records"]
+    lines = ["# normdiff correctness report", ""]
+    lines += _table(["", ""], [[k, v] for k, v in env.items() if v is not None] +
+                    [["command", f"`{doc['command']}`"], ["profile", doc["selection"].get("profile")],
+                     ["wall time", f"{doc['elapsed_s']} s"]])
+    lines += ["", "## Backends", ""]
+    lines += _table(["backend", "status here"], [
+        [name, f"unavailable: {b['unavailable']}" if b["unavailable"] else (b["note"] or "available")]
+        for name, b in doc["backends"].items()
+    ])
+
+    # Summary per kernel and op; skips never count as passes.
+    counts: dict[tuple, Counter] = defaultdict(Counter)
+    skips: dict[str, Counter] = defaultdict(Counter)
+    for r in records:
+        key = (r.get("kernel", "-"), r.get("op", "-"), r.get("test", "-"))
+        counts[key][r.get("outcome", "unknown")] += 1
+        if r.get("outcome") == "skipped":
+            skips[key[0]][r.get("reason", "no reason given")] += 1
+    total = Counter()
+    for c in counts.values():
+        total.update(c)
+    lines += ["", "## Summary", ""]
+    lines.append(
+        f"**{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped** "
+        f"({sum(total.values())} checks)."
+    )
+    lines.append("")
+    lines += _table(["kernel", "op", "check", "passed", "failed", "skipped"], [
+        [k, op, test, c["passed"], c["failed"], c["skipped"]] for (k, op, test), c in sorted(counts.items())
+    ])
+    if skips:
+        lines += ["", "### Skip reasons", ""]
+        lines += _table(["kernel", "reason", "count"], [
+            [k, reason.replace("|", "\\|"), n] for k, reasons in sorted(skips.items()) for reason, n in reasons.most_common()
+        ])
+
+    failures = [r for r in records if r.get("outcome") == "failed"]
+    lines += ["", f"## Failures ({len(failures)})", ""]
+    if not failures:
+        lines.append("None.")
+    for r in failures:
+        lines += [f"### `{r['nodeid'].split('::')[-1]}`", ""]
+        for f in r.get("findings") or ():
+            lines.append(f"- guard: **{f['kind']}** in `{f['output']}`: {f['count']} element(s), first at {f['first']}")
+        bad = [e for e in r.get("errors") or () if e["mismatched"]]
+        if bad:
+            lines += _table(
+                ["output", "elements out of tolerance", "max abs err", "max ulp err", "rel L2 err", "x allowed", "worst (index: got / expected)"],
+                [[e["output"], f"{e['mismatched']}/{e['numel']}", e["max_abs"], e["max_ulp"], e["rel_l2"], e["worst_ratio"],
+                  f"{e['worst_index']}: {_fmt(e['worst_out'], 9)} / {_fmt(e['worst_ref'], 9)}"] for e in bad],
+            )
+        if not bad and not r.get("findings"):
+            msg = (r.get("message") or "").strip().splitlines()
+            lines += ["```", *msg[-12:], "```"]
+        lines += ["", "Reproduce:", "", "```", repro_command(doc, r), "```", ""]
+
+    lines += ["", "## Closest calls", "",
+              "Largest error of each kernel among its passing cases, as a fraction of the allowed error.", ""]
+    worst: dict[tuple, tuple] = {}
+    for r in records:
+        if r.get("outcome") != "passed":
+            continue
+        for e in r.get("errors") or ():
+            key = (r["kernel"], r["dtype"], e["output"])
+            if key not in worst or e["worst_ratio"] > worst[key][0]:
+                worst[key] = (e["worst_ratio"], e["max_ulp"], r["case"])
+    lines += _table(["kernel", "dtype", "output", "x allowed", "max ulp err", "case"],
+                    [[k, dt, o, *v] for (k, dt, o), v in sorted(worst.items())]) if worst else ["No passing cases."]
+
+    lines += ["", "## Agreement between kernels", "",
+              "Largest difference of y between two kernels on the same case, in ulps of the output dtype "
+              "(values under 2^-10 in magnitude count as 2^-10). `inf` means their NaN patterns differ.", ""]
+    by_table: dict[tuple, dict] = defaultdict(dict)
+    for a in doc.get("agreement", ()):
+        by_table[(a["op"], a["dtype"])][(a["a"], a["b"])] = a
+    if not by_table:
+        lines.append("Only one kernel ran per case: nothing to compare.")
+    flagged = []
+    for (op, dt), cells in sorted(by_table.items()):
+        names = sorted({n for pair in cells for n in pair})
+        lines += ["", f"**{op}, {dt}**", ""]
+        rows = []
+        for a in names:
+            row = [a]
+            for b in names:
+                cell = cells.get(tuple(sorted((a, b))))
+                row.append("" if a == b else (f"{_fmt(cell['max_ulp'])} ({cell['cases']})" if cell else "-"))
+            rows.append(row)
+        lines += _table(["max ulp (cases)", *names], rows)
+        for cell in cells.values():
+            if cell["max_ulp"] > DISAGREE_ULPS.get(dt, 2):
+                flagged.append(cell)
+    if flagged:
+        lines += ["", "Pairs that disagree by more than two tolerances' worth of ulps:", ""]
+        for c in flagged:
+            lines.append(f"- {c['op']} {c['dtype']}: {c['a']} vs {c['b']}: {_fmt(c['max_ulp'])} ulps, worst on `{c['worst_case']}`")
+    lines.append("")
+    return "\n".join(lines)
+

@@ -1,0 +1,79 @@
+"""Run one kernel on one case and judge it: guards first, then each output against the oracle.
+
+Kept free of pytest so the framework's own tests (and a user at a prompt) can call it directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from harness import compare, guards
+from harness.cases import Case, make_inputs
+from impls.base import NormKernel, NormOutputs
+from impls.reference import reference
+
+
+@dataclass
+class CheckResult:
+    case: Case
+    kernel: str
+    skipped: str | None = None  # why the kernel cannot run this case
+    errors: list[compare.ErrorStats] = field(default_factory=list)
+    findings: list[guards.GuardFinding] = field(default_factory=list)
+    outputs: NormOutputs | None = None  # kept for the agreement matrix
+
+    @property
+    def ok(self) -> bool:
+        return self.skipped is None and not self.findings and all(e.ok for e in self.errors)
+
+    def failure_message(self) -> str:
+        lines = [f"{self.kernel} on {self.case.id}:"]
+        lines += [f"  guard: {f.summary()}" for f in self.findings]
+        lines += [f"  {e.summary()}" for e in self.errors if not e.ok]
+        return "\n".join(lines)
+
+
+def device_for(kernel: NormKernel) -> str:
+    """The device a kernel's inputs go to: the first of its devices this machine has."""
+    for dev in kernel.devices:
+        if dev == "cpu" or (dev == "cuda" and torch.cuda.is_available()):
+            return dev
+    return kernel.devices[0]
+
+
+class OracleCache:
+    """The oracle's answer for the last case, shared by every kernel that runs it."""
+
+    def __init__(self):
+        self._key = None
+        self._value = None
+
+    def get(self, case: Case, inputs) -> NormOutputs:
+        key = (case.id, inputs.x.device.type)
+        if key != self._key:
+            self._key, self._value = key, reference(case.op, inputs.x, inputs.weight, inputs.bias, inputs.eps)
+        return self._value
+
+
+def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, keep_outputs: bool = False) -> CheckResult:
+    """Run ``kernel`` on ``case`` inside guards and compare with the oracle."""
+    result = CheckResult(case=case, kernel=kernel.name)
+    device = device_for(kernel)
+    reason = kernel.unsupported(case.spec(device))
+    if reason:
+        result.skipped = reason
+        return result
+    inputs = make_inputs(case, device)
+    out, guarded = guards.guarded_outputs(kernel, inputs.x)
+    # Judged on what lands in the given buffers, whatever the call returns.
+    kernel(inputs.x, inputs.weight, inputs.bias, inputs.eps, out=out)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    result.findings = guards.inspect(guarded)
+    ref = (oracle or OracleCache()).get(case, inputs)
+    stat_dtype = kernel.stat_dtype(case.torch_dtype, device)
+    result.errors = compare.compare_outputs(case.op, out, ref, case.torch_dtype, stat_dtype, inputs.weight)
+    if keep_outputs:
+        result.outputs = out
+    return result

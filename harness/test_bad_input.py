@@ -1,0 +1,68 @@
+"""Every selected kernel refuses bad input with an error that names the problem, before any
+backend code runs, and handles the edge inputs the interface accepts (empty batch, 3-D)."""
+import pytest
+import torch
+
+from harness.runner import device_for
+from impls.base import NormInputError
+
+N = 64
+
+
+def _x(device, dtype=torch.float32, shape=(4, N)):
+    return torch.randn(shape, device=device).to(dtype)
+
+
+# name -> (builds (x, weight, bias, eps) on a device, pattern the error must match, ops it applies to)
+BAD_INPUTS = {
+    "int_dtype": (lambda d: (torch.ones(4, N, dtype=torch.int32, device=d), None, None, 1e-5), r"dtype int32", None),
+    "float64_dtype": (lambda d: (_x(d, torch.float64), None, None, 1e-5), r"dtype float64", None),
+    "weight_wrong_length": (lambda d: (_x(d), torch.ones(N + 1, device=d), None, 1e-5), r"weight has shape \(65,\)", None),
+    "weight_wrong_device": (lambda d: (_x(d), torch.ones(N, device="meta"), None, 1e-5), r"weight is on meta", None),
+    "weight_wrong_dtype": (lambda d: (_x(d), torch.ones(N, device=d, dtype=torch.float16), None, 1e-5), r"weight has dtype float16", None),
+    "bias_for_rms_norm": (lambda d: (_x(d), None, torch.zeros(N, device=d), 1e-5), r"rms_norm takes no bias", "rms_norm"),
+    "bias_wrong_length": (lambda d: (_x(d), None, torch.zeros(N - 1, device=d), 1e-5), r"bias has shape \(63,\)", "layer_norm"),
+    "last_dim_not_contiguous": (lambda d: (_x(d, shape=(N, 4)).t(), None, None, 1e-5), r"last dimension is not contiguous", None),
+    "zero_length_rows": (lambda d: (_x(d, shape=(4, 0)), None, None, 1e-5), r"N must be at least 1", None),
+    "negative_eps": (lambda d: (_x(d), None, None, -1e-5), r"eps must be finite and >= 0, got -1e-05", None),
+    "nan_eps": (lambda d: (_x(d), None, None, float("nan")), r"eps must be finite and >= 0, got nan", None),
+    "eps_not_a_number": (lambda d: (_x(d), None, None, "1e-5"), r"eps must be a number", None),
+}
+
+
+def _runnable(kernel) -> str:
+    why = kernel.availability()
+    if why:
+        pytest.skip(why)
+    return device_for(kernel)
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
+def test_rejects_bad_input(kernel, bad):
+    make, pattern, only_op = BAD_INPUTS[bad]
+    if only_op and kernel.op != only_op:
+        pytest.skip(f"{bad} applies to {only_op} only")
+    x, weight, bias, eps = make(_runnable(kernel))
+    with pytest.raises(NormInputError, match=pattern):
+        kernel(x, weight, bias, eps)
+
+
+def test_empty_batch_returns_empty_outputs(kernel):
+    device = _runnable(kernel)
+    x = _x(device, shape=(2, 0, N))
+    out = kernel(x, None, None, 1e-5)
+    assert out.y.shape == (2, 0, N)
+    for name in ("mean", "rstd"):
+        stat = getattr(out, name)
+        assert (stat is None) == (name not in kernel.outputs)
+        assert stat is None or (stat.shape == (2, 0) and stat.dtype == torch.float32)
+
+
+def test_output_shapes_follow_input(kernel):
+    device = _runnable(kernel)
+    x = _x(device, shape=(2, 3, N))
+    out = kernel(x, None, None, 1e-5)
+    assert out.y.shape == x.shape and out.y.dtype == x.dtype
+    for name in kernel.outputs[1:]:
+        stat = getattr(out, name)
+        assert stat.shape == (2, 3) and stat.dtype == torch.float32, name

@@ -1,0 +1,19 @@
+"""Every selected kernel against the float64 oracle, inside guards, on every catalogue case."""
+import pytest
+
+from harness import runner
+from harness.plugin import record
+
+
+def test_against_oracle(case_kernel, harness_state, request):
+    case, kernel = case_kernel
+    result = runner.check(kernel, case, oracle=harness_state.oracle, keep_outputs=True)
+    if result.skipped:
+        pytest.skip(result.skipped)
+    record(
+        harness_state, request.node.nodeid,
+        errors=[e.to_dict() for e in result.errors],
+        findings=[f.__dict__ for f in result.findings],
+    )
+    harness_state.record_agreement(result)
+    assert result.ok, result.failure_message()

@@ -1,0 +1,237 @@
+"""The common interface every backend implements.
+
+A kernel is one (op, backend, variant). The base class owns everything that must behave the
+same in every backend: input validation (bad input is refused here with an error that names
+the problem, before any backend code runs), the collapse of leading dimensions into rows,
+output allocation and the shape of the returned statistics. A backend only writes
+``_forward`` for 2-D rows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+Op = Literal["rms_norm", "layer_norm"]
+OPS: tuple[str, ...] = ("rms_norm", "layer_norm")
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class NormInputError(ValueError):
+    """Input the interface refuses: wrong dtype, shape, device or eps."""
+
+
+class UnsupportedCase(RuntimeError):
+    """Valid input that this particular kernel cannot run (device, dtype, N beyond its capacity)."""
+
+
+@dataclass(frozen=True)
+class NormOutputs:
+    """y has the input's shape and dtype; mean and rstd are float32 with the leading shape."""
+
+    y: torch.Tensor
+    mean: torch.Tensor | None = None
+    rstd: torch.Tensor | None = None
+
+    def fields(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in (("y", self.y), ("mean", self.mean), ("rstd", self.rstd)) if v is not None}
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """What a kernel needs to know to say whether it can run a problem, without the tensors."""
+
+    op: str
+    dtype: torch.dtype
+    rows: int  # M, all leading dimensions collapsed
+    n: int  # N, the normalised (last) dimension
+    row_stride: int  # elements between the starts of consecutive rows of x
+    device: str  # "cpu", "cuda", ...
+    has_weight: bool
+    has_bias: bool
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class NormKernel:
+    """Base class of every kernel. Subclasses set the class attributes and write ``_forward``."""
+
+    op: ClassVar[str]
+    backend: ClassVar[str]
+    variant: ClassVar[str] = "default"
+    # Which outputs this kernel produces: y always; mean for layer_norm; rstd where exposed.
+    outputs: ClassVar[tuple[str, ...]] = ("y",)
+    # Devices the kernel runs on, by torch device type.
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    # Largest N the kernel handles; None means no limit.
+    max_n: ClassVar[int | None] = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}.{self.variant}"
+
+    def __repr__(self) -> str:
+        return f"<{self.op} kernel {self.name}>"
+
+    # -- capability -------------------------------------------------------------------------
+    def availability(self) -> str | None:
+        """None when the backend can run in this process, else why not (shown as a skip)."""
+        return None
+
+    def note(self) -> str:
+        """How the backend runs here, for the report header (e.g. 'interpreter, no GPU')."""
+        return ""
+
+    def stat_dtype(self, dtype: torch.dtype, device: str) -> torch.dtype:
+        """Precision the kernel computes its statistics in (they are returned as float32)."""
+        return torch.float32
+
+    def unsupported(self, spec: NormSpec) -> str | None:
+        """None when this kernel can run ``spec``; otherwise the reason it cannot."""
+        reason = self.availability()
+        if reason:
+            return reason
+        if spec.device not in self.devices:
+            return f"{self.name} does not run on device '{spec.device}' (runs on {', '.join(self.devices)})"
+        if self.max_n is not None and spec.n > self.max_n:
+            return f"N={spec.n} exceeds {self.name}'s limit of {self.max_n}"
+        return None
+
+    # -- the call ---------------------------------------------------------------------------
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        eps: float = 1e-6,
+        out: NormOutputs | None = None,
+    ) -> NormOutputs:
+        validate_inputs(self.op, x, weight, bias, eps)
+        x2 = rows_view(x, "x", allow_copy=True)
+        spec = spec_of(self.op, x2, x.device.type, weight, bias)
+        reason = self.unsupported(spec)
+        if reason:
+            raise UnsupportedCase(reason)
+        lead = x.shape[:-1]
+        if out is None:
+            out = self.allocate(x)
+        else:
+            check_out(self, out, x)
+        if x2.shape[0] == 0:
+            return out
+        out2 = NormOutputs(
+            y=rows_view(out.y, "out.y", allow_copy=False),
+            mean=None if out.mean is None else out.mean.view(-1),
+            rstd=None if out.rstd is None else out.rstd.view(-1),
+        )
+        self._forward(x2, weight, bias, float(eps), out2)
+        assert out.y.shape == x.shape and (out.mean is None or out.mean.shape == lead)
+        return out
+
+    def allocate(self, x: torch.Tensor) -> NormOutputs:
+        lead = x.shape[:-1]
+        stat = lambda: torch.empty(lead, dtype=torch.float32, device=x.device)  # noqa: E731
+        return NormOutputs(
+            y=torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            mean=stat() if "mean" in self.outputs else None,
+            rstd=stat() if "rstd" in self.outputs else None,
+        )
+
+    def _forward(self, x: torch.Tensor, weight, bias, eps: float, out: NormOutputs) -> None:
+        """Write the outputs for 2-D rows ``x`` (M, N), stride(1) == 1, into ``out``."""
+        raise NotImplementedError
+
+
+# -- validation ---------------------------------------------------------------------------------
+def validate_inputs(op: str, x, weight, bias, eps) -> None:
+    if op not in OPS:
+        raise NormInputError(f"unknown op {op!r}; expected one of {OPS}")
+    if not isinstance(x, torch.Tensor):
+        raise NormInputError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(dtype_name(d) for d in SUPPORTED_DTYPES)
+        raise NormInputError(f"x has dtype {dtype_name(x.dtype)}, which is not supported; expected one of {names}")
+    if x.dim() < 1:
+        raise NormInputError("x must have at least one dimension (the normalised one)")
+    n = x.shape[-1]
+    if n == 0:
+        raise NormInputError("x's last (normalised) dimension has size 0; N must be at least 1")
+    if x.stride(-1) != 1 and x.numel() > 0 and n > 1:
+        raise NormInputError(
+            f"x's last dimension is not contiguous (stride {x.stride(-1)}); call .contiguous() first"
+        )
+    for label, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if op == "rms_norm" and label == "bias":
+            raise NormInputError("rms_norm takes no bias; pass bias=None")
+        if not isinstance(t, torch.Tensor):
+            raise NormInputError(f"{label} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.shape != (n,):
+            raise NormInputError(f"{label} has shape {tuple(t.shape)}; expected ({n},) to match x's last dimension")
+        if t.device != x.device:
+            raise NormInputError(f"{label} is on {t.device} but x is on {x.device}")
+        if t.dtype != x.dtype:
+            raise NormInputError(f"{label} has dtype {dtype_name(t.dtype)} but x has {dtype_name(x.dtype)}")
+        if t.stride(0) != 1 and n > 1:
+            raise NormInputError(f"{label} is not contiguous (stride {t.stride(0)})")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise NormInputError(f"eps must be a number, got {type(eps).__name__}")
+    if not math.isfinite(eps) or eps < 0:
+        raise NormInputError(f"eps must be finite and >= 0, got {eps}")
+
+
+def rows_view(t: torch.Tensor, label: str, allow_copy: bool) -> torch.Tensor:
+    """View t (..., N) as 2-D rows (M, N) with one row stride. Copies x only when it must."""
+    n = t.shape[-1]
+    m = t.numel() // n if n else 0
+    if t.dim() == 1:
+        return t.view(1, n)
+    if m <= 1:
+        return t.reshape(m, n) if m == 0 else t.as_strided((1, n), (max(n, t.stride(-2)), 1))
+    # Leading dimensions collapse into one row stride when each is packed on the next.
+    sizes, strides = t.shape[:-1], t.stride()[:-1]
+    ok = all(strides[i] == strides[i + 1] * sizes[i + 1] or sizes[i] == 1 for i in range(len(sizes) - 1))
+    if ok and strides[-1] >= n:
+        return t.as_strided((m, n), (strides[-1], 1))
+    if allow_copy:
+        return t.reshape(m, n).contiguous()
+    raise NormInputError(f"{label}'s leading dimensions cannot be viewed as rows with one stride")
+
+
+def spec_of(op: str, x2: torch.Tensor, device: str, weight, bias) -> NormSpec:
+    return NormSpec(
+        op=op,
+        dtype=x2.dtype,
+        rows=x2.shape[0],
+        n=x2.shape[1],
+        row_stride=x2.stride(0),
+        device=device,
+        has_weight=weight is not None,
+        has_bias=bias is not None,
+    )
+
+
+def check_out(kernel: NormKernel, out: NormOutputs, x: torch.Tensor) -> None:
+    if out.y.shape != x.shape or out.y.dtype != x.dtype or out.y.device != x.device:
+        raise NormInputError(
+            f"out.y must be {dtype_name(x.dtype)} {tuple(x.shape)} on {x.device}, "
+            f"got {dtype_name(out.y.dtype)} {tuple(out.y.shape)} on {out.y.device}"
+        )
+    if out.y.stride(-1) != 1 and x.shape[-1] > 1:
+        raise NormInputError("out.y's last dimension must be contiguous")
+    for name in ("mean", "rstd"):
+        t = getattr(out, name)
+        if name in kernel.outputs and t is None:
+            raise NormInputError(f"{kernel.name} writes {name}; out.{name} must be given")
+        if t is None:
+            continue
+        if t.shape != x.shape[:-1] or t.dtype != torch.float32 or not t.is_contiguous():
+            raise NormInputError(
+                f"out.{name} must be a contiguous float32 tensor of shape {tuple(x.shape[:-1])}, "
+                f"got {dtype_name(t.dtype)} {tuple(t.shape)}"
+            )

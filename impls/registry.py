@@ -1,0 +1,103 @@
+"""Kernels by backend name.
+
+Built-in backends register themselves when their module is imported. A backend that lives
+outside the project comes in either through an installed package's entry point in the group
+``normdiff.backends`` (the entry point names a module or a callable returning kernels), or
+through a Python file named with ``--backend-file``; both are then selected with
+``--backend NAME`` like a built-in one.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+
+from impls.base import NormKernel
+
+BUILTIN_MODULES = ("impls.torch_eager", "impls.triton")
+ENTRY_POINT_GROUP = "normdiff.backends"
+
+_KERNELS: dict[tuple[str, str, str], NormKernel] = {}  # (backend, variant, op) -> kernel
+_LOAD_ERRORS: dict[str, str] = {}  # source -> why it did not load
+
+
+def register(kernel: NormKernel | type[NormKernel]) -> NormKernel | type[NormKernel]:
+    """Register a kernel (instance or class, so it can be used as a class decorator)."""
+    instance = kernel() if isinstance(kernel, type) else kernel
+    key = (instance.backend, instance.variant, instance.op)
+    if key in _KERNELS and type(_KERNELS[key]) is not type(instance):
+        raise ValueError(f"a kernel for {instance.op} named {instance.name} is already registered")
+    _KERNELS[key] = instance
+    return kernel
+
+
+def load_builtins() -> None:
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+
+
+def load_entry_points() -> None:
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plug-in must not take the harness down
+            _LOAD_ERRORS[f"entry point {ep.name}"] = f"{type(exc).__name__}: {exc}"
+            continue
+        if callable(obj) and not isinstance(obj, type):
+            for kernel in obj() or ():
+                register(kernel)
+
+
+def load_file(path: str | Path) -> None:
+    """Import a Python file that registers kernels (it calls ``impls.registry.register``)."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"backend file {path} does not exist")
+    name = f"normdiff_plugin_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+def load_all(files: list[str] | tuple[str, ...] = ()) -> None:
+    load_builtins()
+    load_entry_points()
+    for f in files:
+        load_file(f)
+
+
+def backends() -> list[str]:
+    return sorted({b for b, _, _ in _KERNELS})
+
+
+def kernels(names: list[str] | None = None, op: str | None = None) -> list[NormKernel]:
+    """Registered kernels of the named backends (all when None), by backend, variant and op."""
+    if names is not None:
+        unknown = sorted(set(names) - set(backends()))
+        if unknown:
+            raise KeyError(f"unknown backend(s) {', '.join(unknown)}; registered: {', '.join(backends())}")
+    return [
+        k
+        for (b, v, o), k in sorted(_KERNELS.items())
+        if (names is None or b in names) and (op is None or o == op)
+    ]
+
+
+def get(op: str, backend: str, variant: str | None = None) -> NormKernel:
+    found = [k for k in kernels([backend], op) if variant is None or k.variant == variant]
+    if not found:
+        raise KeyError(f"no {op} kernel {backend}.{variant or '*'}")
+    return found[0]
+
+
+def load_errors() -> dict[str, str]:
+    return dict(_LOAD_ERRORS)
+
+
+def unregister(backend: str) -> None:
+    """Remove a backend (used by the framework's own tests)."""
+    for key in [k for k in _KERNELS if k[0] == backend]:
+        del _KERNELS[key]

@@ -1,0 +1,48 @@
+"""The Triton backend: RMSNorm and LayerNorm, each as a rowwise and a looped kernel.
+
+Without a CUDA device the kernels run under Triton's interpreter on CPU tensors. The
+interpreter is chosen through TRITON_INTERPRET, which triton reads when a kernel is decorated;
+it is set here only while triton is not yet imported, so a process that already uses triton
+keeps its mode (and availability() then says why these kernels cannot run without a GPU).
+triton itself is imported on first use, so this package imports, and its kernels register
+(shown as skipped with the reason), where triton is missing.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from impls.triton import _launch
+
+if not _launch.cuda_present() and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from impls.triton import layer_norm, rms_norm  # noqa: E402  (they register their kernels)
+from impls.triton._launch import choose_variant  # noqa: E402
+
+__all__ = ["availability", "note", "choose_variant", "rms_norm", "layer_norm"]
+
+
+def availability() -> str | None:
+    """None when the Triton kernels can run in this process, else why not."""
+    return _launch.state().reason
+
+
+def note() -> str:
+    return _launch.note()
+
+
+def _kernel(op: str, n: int):
+    from impls import registry
+
+    return registry.get(op, "triton", choose_variant(n))
+
+
+def rms_norm(x, weight=None, eps: float = 1e-6, out=None):
+    """RMSNorm over the last dimension; returns NormOutputs(y, rstd=...)."""
+    return _kernel("rms_norm", x.shape[-1] if x.dim() else 0)(x, weight, None, eps, out)
+
+
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, out=None):
+    """LayerNorm over the last dimension; returns NormOutputs(y, mean=..., rstd=...)."""
+    return _kernel("layer_norm", x.shape[-1] if x.dim() else 0)(x, weight, bias, eps, out)

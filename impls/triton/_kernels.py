@@ -1,0 +1,141 @@
+"""The Triton kernels. Imported only through _launch.state(), once triton is known to import.
+
+Every kernel works on a [ROWS, BLOCK_N] tile: ROWS rows of one program, BLOCK_N columns.
+Loads are masked (rows >= M, columns >= N) with 0 as the fill, and every sum over columns
+sees 0 in padded lanes, so statistics divide by N, never by the padded width. Accumulation
+and statistics are float32; y is stored in x's dtype. Row offsets are 64-bit.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_offsets(pid, M, stride_x, stride_y, ROWS: tl.constexpr):
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    rows64 = rows.to(tl.int64)  # before the multiply: M * stride may pass 2**31
+    return rows, rows < M, rows64 * stride_x, rows64 * stride_y
+
+
+# -- RMSNorm ------------------------------------------------------------------------------------
+@triton.jit
+def rms_norm_rowwise(
+    X, W, Y, RSTD, M, N, stride_x, stride_y, eps,
+    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    mask = rmask[:, None] & cmask[None, :]
+    x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    y = x * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = y * w[None, :]
+    tl.store(Y + yoff[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def rms_norm_looped(
+    X, W, Y, RSTD, M, N, stride_x, stride_y, eps,
+    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
+    # Pass 1: per-lane float32 sums of squares, reduced once at the end.
+    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    for off in tl.range(0, N, BLOCK_N):
+        cols = off + tl.arange(0, BLOCK_N)
+        mask = rmask[:, None] & (cols < N)[None, :]
+        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+    # Pass 2: normalise and write.
+    for off in tl.range(0, N, BLOCK_N):
+        cols = off + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        mask = rmask[:, None] & cmask[None, :]
+        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = x * rstd[:, None]
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+            y = y * w[None, :]
+        tl.store(Y + yoff[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=rmask)
+
+
+# -- LayerNorm ----------------------------------------------------------------------------------
+# Both LayerNorm kernels work on x - k, k being the row's first element: for rows with a large
+# mean (1e4 + noise) the shifted values are small and exact, so neither the mean nor x - mean
+# loses the noise to float32 rounding at the mean's magnitude.
+@triton.jit
+def layer_norm_rowwise(
+    X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    mask = rmask[:, None] & cmask[None, :]
+    k = tl.load(X + xoff, mask=rmask, other=0.0).to(tl.float32)
+    x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    xs = tl.where(mask, x - k[:, None], 0.0)  # padded lanes would hold -k
+    mean_s = tl.sum(xs, axis=1) / N
+    d = tl.where(mask, xs - mean_s[:, None], 0.0)  # padded lanes would hold -mean
+    rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)
+    y = d * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = y * w[None, :]
+    if HAS_BIAS:
+        b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = y + b[None, :]
+    tl.store(Y + yoff[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows, k + mean_s, mask=rmask)
+    tl.store(RSTD + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def layer_norm_looped(
+    X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
+    k = tl.load(X + xoff, mask=rmask, other=0.0).to(tl.float32)
+    # Pass 1: each chunk's (count, mean, M2) by two passes over the tile in registers, merged
+    # into the running triple with Chan's parallel formula; no E[x^2] - E[x]^2 cancellation.
+    count = tl.zeros([ROWS], dtype=tl.float32)
+    mean_s = tl.zeros([ROWS], dtype=tl.float32)
+    m2 = tl.zeros([ROWS], dtype=tl.float32)
+    for off in tl.range(0, N, BLOCK_N):
+        cols = off + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        mask = rmask[:, None] & cmask[None, :]
+        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        xs = tl.where(mask, x - k[:, None], 0.0)
+        c = tl.sum(cmask.to(tl.float32), axis=0)  # valid columns in this chunk
+        c_mean = tl.sum(xs, axis=1) / c
+        dc = tl.where(mask, xs - c_mean[:, None], 0.0)
+        c_m2 = tl.sum(dc * dc, axis=1)
+        total = count + c
+        delta = c_mean - mean_s
+        mean_s = mean_s + delta * (c / total)
+        m2 = m2 + c_m2 + delta * delta * (count * (c / total))
+        count = total
+    rstd = tl.rsqrt(m2 / N + eps)
+    # Pass 2: normalise and write.
+    for off in tl.range(0, N, BLOCK_N):
+        cols = off + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        mask = rmask[:, None] & cmask[None, :]
+        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = ((x - k[:, None]) - mean_s[:, None]) * rstd[:, None]
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+            y = y * w[None, :]
+        if HAS_BIAS:
+            b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+            y = y + b[None, :]
+        tl.store(Y + yoff[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows, k + mean_s, mask=rmask)
+    tl.store(RSTD + rows, rstd, mask=rmask)

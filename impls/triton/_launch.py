@@ -1,0 +1,150 @@
+"""What the Triton kernels share: loading triton, the run mode, launch settings and the launch.
+
+triton is imported only on first use (availability, note or a call), and never at import of
+the backend, so a process without triton still lists the kernels, each skipped with the reason.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from impls.base import NormKernel
+
+# Largest N the rowwise kernels hold in one tile; the looped ones take any N.
+ROWWISE_MAX_N = 65536
+# Elements of one [ROWS, BLOCK_N] tile to aim for: about 16 KiB of float32 accumulators.
+TILE_ELEMS = 4096
+# Cap on rows per program, so tiny N still leaves several programs for moderate M.
+MAX_ROWS = 64
+# Bytes of x one looped chunk reads: 4096 float32 or 8192 float16/bfloat16 elements.
+CHUNK_BYTES = 16384
+MAX_WARPS = 16
+
+
+def cuda_present() -> bool:
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # a broken CUDA install means no GPU for us
+        return False
+
+
+def interpret_requested() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# Kernels run on CPU tensors under the interpreter, on CUDA tensors when compiled.
+DEVICES: tuple[str, ...] = ("cuda",) if cuda_present() and not interpret_requested() else ("cpu",)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_n: int  # columns per tile: the whole row (rowwise) or one chunk (looped)
+    rows: int  # rows per program
+    num_warps: int
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def launch_config(n: int, dtype: torch.dtype, looped: bool) -> LaunchConfig:
+    """Launch settings from (N, dtype) alone; no autotuning.
+
+    - BLOCK_N: next power of two >= N for rowwise; for looped capped at one chunk of
+      CHUNK_BYTES of x (4096 float32 / 8192 16-bit elements).
+    - rows per program: TILE_ELEMS // BLOCK_N, clamped to [1, MAX_ROWS], so short rows share a
+      program (fewer, fuller programs on the GPU, and far fewer Python steps in the interpreter).
+    - num_warps: one warp per 32 threads that each hold four 16-byte vectors of x
+      (16 float32 / 32 16-bit elements), rounded down to a power of two in [1, MAX_WARPS].
+    """
+    itemsize = dtype.itemsize
+    block_n = next_pow2(n)
+    if looped:
+        block_n = min(block_n, CHUNK_BYTES // itemsize)
+    rows = max(1, min(MAX_ROWS, TILE_ELEMS // block_n))
+    per_thread = 4 * (16 // itemsize)
+    warps = max(1, (rows * block_n) // (32 * per_thread))
+    warps = min(MAX_WARPS, 1 << (warps.bit_length() - 1))
+    return LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
+
+
+def choose_variant(n: int) -> str:
+    """rowwise while one tile holds the row, looped beyond."""
+    return "rowwise" if n <= ROWWISE_MAX_N else "looped"
+
+
+@dataclass(frozen=True)
+class TritonState:
+    triton: object | None  # the module, when importable
+    kernels: object | None  # impls.triton._kernels, when it loaded
+    interpreted: bool
+    reason: str | None  # why the backend cannot run here, else None
+
+
+@lru_cache(maxsize=1)
+def state() -> TritonState:
+    try:
+        triton = importlib.import_module("triton")
+    except Exception as exc:
+        return TritonState(None, None, False, f"triton not importable: {type(exc).__name__}: {exc}")
+    try:
+        kernels = importlib.import_module("impls.triton._kernels")
+    except Exception as exc:
+        return TritonState(triton, None, False, f"triton kernels failed to load: {type(exc).__name__}: {exc}")
+    # The mode is fixed when the kernels are decorated; read it from what the decorator returned.
+    interpreted = type(kernels.rms_norm_rowwise).__name__ == "InterpretedFunction"
+    reason = None
+    if not interpreted and not cuda_present():
+        reason = (
+            "no CUDA device, and triton was imported before impls.triton without TRITON_INTERPRET=1, "
+            "so the kernels cannot run; set TRITON_INTERPRET=1 before triton is first imported"
+        )
+    elif interpreted != ("cpu" in DEVICES):
+        reason = "TRITON_INTERPRET changed between importing impls.triton and loading its kernels"
+    return TritonState(triton, kernels, interpreted, reason)
+
+
+def note() -> str:
+    s = state()
+    if s.triton is None:
+        return s.reason or ""
+    version = f"triton {getattr(s.triton, '__version__', '?')}"
+    if s.interpreted:
+        why = "TRITON_INTERPRET=1" if cuda_present() else "no GPU"
+        return f"{version}, running under the interpreter ({why})"
+    if cuda_present():
+        return f"{version} on {torch.cuda.get_device_name()}"
+    return version
+
+
+class TritonKernel(NormKernel):
+    backend = "triton"
+    devices = DEVICES
+
+    def availability(self) -> str | None:
+        return state().reason
+
+    def note(self) -> str:
+        return note()
+
+    def config(self, n: int, dtype: torch.dtype) -> LaunchConfig:
+        return launch_config(n, dtype, looped=self.variant == "looped")
+
+    def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, **meta) -> None:
+        """Run one program per cfg.rows rows, on x's device."""
+        fn = getattr(state().kernels, kernel_name)
+        grid = (triton_cdiv(x.shape[0], cfg.rows),)
+        kwargs = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **meta)
+        if x.device.type == "cuda":
+            with torch.cuda.device(x.device):
+                fn[grid](*args, **kwargs)
+        else:
+            fn[grid](*args, **kwargs)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,37 @@
+"""LayerNorm in Triton: rowwise (the whole row in one tile) and looped (the row in chunks)."""
+from __future__ import annotations
+
+from impls.base import NormOutputs
+from impls.registry import register
+from impls.triton._launch import ROWWISE_MAX_N, TritonKernel
+
+
+class _TritonLayerNorm(TritonKernel):
+    op = "layer_norm"
+    outputs = ("y", "mean", "rstd")
+    _kernel_name: str
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+        m, n = x.shape
+        cfg = self.config(n, x.dtype)
+        # Absent weight or bias: x stands in as a pointer the kernel never reads.
+        w = weight if weight is not None else x
+        b = bias if bias is not None else x
+        self.launch(
+            self._kernel_name, x, cfg,
+            x, w, b, out.y, out.mean, out.rstd, m, n, x.stride(0), out.y.stride(0), eps,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+        )
+
+
+@register
+class TritonLayerNormRowwise(_TritonLayerNorm):
+    variant = "rowwise"
+    max_n = ROWWISE_MAX_N
+    _kernel_name = "layer_norm_rowwise"
+
+
+@register
+class TritonLayerNormLooped(_TritonLayerNorm):
+    variant = "looped"
+    _kernel_name = "layer_norm_looped"

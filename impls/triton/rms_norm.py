@@ -1,0 +1,35 @@
+"""RMSNorm in Triton: rowwise (the whole row in one tile) and looped (the row in chunks)."""
+from __future__ import annotations
+
+from impls.base import NormOutputs
+from impls.registry import register
+from impls.triton._launch import ROWWISE_MAX_N, TritonKernel
+
+
+class _TritonRMSNorm(TritonKernel):
+    op = "rms_norm"
+    outputs = ("y", "rstd")
+    _kernel_name: str
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+        m, n = x.shape
+        cfg = self.config(n, x.dtype)
+        w = weight if weight is not None else x  # never read when HAS_WEIGHT is off
+        self.launch(
+            self._kernel_name, x, cfg,
+            x, w, out.y, out.rstd, m, n, x.stride(0), out.y.stride(0), eps,
+            HAS_WEIGHT=weight is not None,
+        )
+
+
+@register
+class TritonRMSNormRowwise(_TritonRMSNorm):
+    variant = "rowwise"
+    max_n = ROWWISE_MAX_N
+    _kernel_name = "rms_norm_rowwise"
+
+
+@register
+class TritonRMSNormLooped(_TritonRMSNorm):
+    variant = "looped"
+    _kernel_name = "rms_norm_looped"
