@@ -4,6 +4,10 @@ Every kernel works on a [ROWS, BLOCK_N] tile: ROWS rows of one program, BLOCK_N 
 Loads are masked (rows >= M, columns >= N) with 0 as the fill, and every sum over columns
 sees 0 in padded lanes, so statistics divide by N, never by the padded width. Accumulation
 and statistics are float32; y is stored in x's dtype. Row offsets are 64-bit.
+
+The looped kernels take LOOP_N: None when compiled (the loop runs to the runtime N), N itself
+under the interpreter, whose loops need a Python int bound: it keeps scalar arguments as
+1-element numpy arrays, and numpy 2.4 refuses int() of those.
 """
 import triton
 import triton.language as tl
@@ -39,19 +43,19 @@ def rms_norm_rowwise(
 @triton.jit
 def rms_norm_looped(
     X, W, Y, RSTD, M, N, stride_x, stride_y, eps,
-    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_N: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     # Pass 1: per-lane float32 sums of squares, reduced once at the end.
     acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    for off in tl.range(0, N, BLOCK_N):
+    for off in tl.range(0, N if LOOP_N is None else LOOP_N, BLOCK_N):
         cols = off + tl.arange(0, BLOCK_N)
         mask = rmask[:, None] & (cols < N)[None, :]
         x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         acc += x * x
     rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
     # Pass 2: normalise and write.
-    for off in tl.range(0, N, BLOCK_N):
+    for off in tl.range(0, N if LOOP_N is None else LOOP_N, BLOCK_N):
         cols = off + tl.arange(0, BLOCK_N)
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]
@@ -99,6 +103,7 @@ def layer_norm_rowwise(
 def layer_norm_looped(
     X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    LOOP_N: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     k = tl.load(X + xoff, mask=rmask, other=0.0).to(tl.float32)
@@ -107,7 +112,7 @@ def layer_norm_looped(
     count = tl.zeros([ROWS], dtype=tl.float32)
     mean_s = tl.zeros([ROWS], dtype=tl.float32)
     m2 = tl.zeros([ROWS], dtype=tl.float32)
-    for off in tl.range(0, N, BLOCK_N):
+    for off in tl.range(0, N if LOOP_N is None else LOOP_N, BLOCK_N):
         cols = off + tl.arange(0, BLOCK_N)
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]
@@ -124,7 +129,7 @@ def layer_norm_looped(
         count = total
     rstd = tl.rsqrt(m2 / N + eps)
     # Pass 2: normalise and write.
-    for off in tl.range(0, N, BLOCK_N):
+    for off in tl.range(0, N if LOOP_N is None else LOOP_N, BLOCK_N):
         cols = off + tl.arange(0, BLOCK_N)
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]

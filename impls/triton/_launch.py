@@ -139,6 +139,9 @@ class TritonKernel(NormKernel):
         fn = getattr(state().kernels, kernel_name)
         grid = (triton_cdiv(x.shape[0], cfg.rows),)
         kwargs = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **meta)
+        if self.variant == "looped":
+            # The interpreter needs the loop bound as a Python int (see _kernels); compiled: None.
+            kwargs["LOOP_N"] = x.shape[1] if state().interpreted else None
         if x.device.type == "cuda":
             with torch.cuda.device(x.device):
                 fn[grid](*args, **kwargs)

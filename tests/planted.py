@@ -1,0 +1,181 @@
+"""Kernels with planted bugs, each one a bug that shipped in some public normalization kernel.
+
+They compute in float32 with plain PyTorch (fast on the CPU) and differ from ``Correct`` only in
+the planted bug, so a test that catches one of them catches the bug, not an artefact.
+"""
+from __future__ import annotations
+
+import torch
+
+from impls.base import NormKernel, NormOutputs
+
+ROWS_PER_BLOCK = 4
+PAD_TO = 128
+
+
+class Correct(NormKernel):
+    """float32 two-pass normalisation: the control that must pass everything."""
+
+    backend = "planted"
+    variant = "correct"
+    devices = ("cpu", "cuda")
+
+    def __init__(self, op: str):
+        self.op = op
+        self.outputs = ("y", "mean", "rstd") if op == "layer_norm" else ("y", "rstd")
+
+    # The steps a bug can replace.
+    def statistics(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, variance) per row for layer_norm; (0, mean square) for rms_norm."""
+        if self.op == "rms_norm":
+            return x.new_zeros(x.shape[0]), (x * x).mean(-1)
+        mean = x.mean(-1)
+        return mean, ((x - mean[:, None]) ** 2).mean(-1)
+
+    def inverse_std(self, var: torch.Tensor, eps: float) -> torch.Tensor:
+        return torch.rsqrt(var + eps)
+
+    def affine(self, y, weight, bias):
+        if weight is not None:
+            y = y * weight.float()
+        if bias is not None:
+            y = y + bias.float()
+        return y
+
+    def write(self, out: NormOutputs, y, mean, rstd) -> None:
+        out.y.copy_(y)
+        if out.mean is not None:
+            out.mean.copy_(mean)
+        out.rstd.copy_(rstd)
+
+    def _forward(self, x, weight, bias, eps, out):
+        xf = x.float()
+        mean, var = self.statistics(xf)
+        rstd = self.inverse_std(var, eps)
+        y = self.affine((xf - mean[:, None]) * rstd[:, None], weight, bias)
+        self.write(out, y, mean, rstd)
+
+
+class EpsOutsideSqrt(Correct):
+    variant = "eps_outside_sqrt"
+
+    def inverse_std(self, var, eps):
+        return 1.0 / (torch.sqrt(var) + eps)
+
+
+class DividesByPaddedN(Correct):
+    variant = "divides_by_padded_n"
+
+    def statistics(self, x):
+        n_padded = -(-x.shape[1] // PAD_TO) * PAD_TO
+        padded = torch.nn.functional.pad(x, (0, n_padded - x.shape[1]))
+        if self.op == "rms_norm":
+            return x.new_zeros(x.shape[0]), (padded * padded).sum(-1) / n_padded
+        mean = padded.sum(-1) / n_padded
+        return mean, ((x - mean[:, None]) ** 2).sum(-1) / n_padded
+
+
+class OnePassVariance(Correct):
+    """E[x^2] - E[x]^2 in float32: cancels when the mean is large against the spread."""
+
+    variant = "one_pass_variance"
+
+    def statistics(self, x):
+        mean = x.mean(-1)
+        return mean, ((x * x).mean(-1) - mean * mean).clamp(min=0)
+
+
+class SkipsTailRows(Correct):
+    """Launches M // ROWS_PER_BLOCK blocks instead of ceil(M / ROWS_PER_BLOCK)."""
+
+    variant = "skips_tail_rows"
+
+    def write(self, out, y, mean, rstd):
+        m = (y.shape[0] // ROWS_PER_BLOCK) * ROWS_PER_BLOCK
+        out.y[:m].copy_(y[:m])
+        if out.mean is not None:
+            out.mean[:m].copy_(mean[:m])
+        out.rstd[:m].copy_(rstd[:m])
+
+
+class WritesPastRowEnd(Correct):
+    """Stores BLOCK = N + 1 lanes per row with the mask off by one."""
+
+    variant = "writes_past_row_end"
+
+    def write(self, out, y, mean, rstd):
+        super().write(out, y, mean, rstd)
+        m, n = out.y.shape
+        wide = out.y.as_strided((m, n + 1), (out.y.stride(0), 1))
+        wide[:, n] = y[:, -1].to(out.y.dtype)
+
+
+class RstdAsStd(Correct):
+    variant = "rstd_as_std"
+
+    def write(self, out, y, mean, rstd):
+        super().write(out, y, mean, 1.0 / rstd)
+
+
+class IgnoresWeight(Correct):
+    variant = "ignores_weight"
+
+    def affine(self, y, weight, bias):
+        return super().affine(y, None, bias)
+
+
+class IgnoresBias(Correct):
+    variant = "ignores_bias"
+
+    def affine(self, y, weight, bias):
+        return super().affine(y, weight, None)
+
+
+def bf16_sum(x: torch.Tensor) -> torch.Tensor:
+    """Row sums with every partial sum rounded to bfloat16 (a pairwise tree, as a GPU reduces)."""
+    acc = x.to(torch.bfloat16)
+    while acc.shape[1] > 1:
+        if acc.shape[1] % 2:
+            acc = torch.nn.functional.pad(acc, (0, 1))
+        acc = acc[:, 0::2] + acc[:, 1::2]  # bfloat16 + bfloat16 rounds to bfloat16
+    return acc[:, 0].float()
+
+
+class AccumulatesInBf16(Correct):
+    variant = "accumulates_in_bf16"
+
+    def statistics(self, x):
+        n = x.shape[1]
+        if self.op == "rms_norm":
+            return x.new_zeros(x.shape[0]), bf16_sum(x * x) / n
+        mean = bf16_sum(x) / n
+        return mean, bf16_sum((x - mean[:, None]) ** 2) / n
+
+
+class LeaksNanAcrossRows(Correct):
+    """Pre-scales by the largest |x| of a 4-row tile (for overflow safety) instead of each
+    row's own: mathematically the same result, but a NaN in one row spreads to its tile."""
+
+    variant = "leaks_nan_across_rows"
+
+    def _forward(self, x, weight, bias, eps, out):
+        xf = x.float()
+        m = xf.shape[0]
+        tiles = -(-m // ROWS_PER_BLOCK)
+        padded = torch.nn.functional.pad(xf, (0, 0, 0, tiles * ROWS_PER_BLOCK - m))
+        tile_max = padded.view(tiles, -1).abs().amax(-1)  # propagates NaN
+        s = tile_max.repeat_interleave(ROWS_PER_BLOCK)[:m].clamp(min=1e-30)
+        xs = xf / s[:, None]
+        mean_s, var_s = self.statistics(xs)
+        rstd_s = torch.rsqrt(var_s + eps / (s * s))
+        y = self.affine((xs - mean_s[:, None]) * rstd_s[:, None], weight, bias)
+        self.write(out, y, mean_s * s, rstd_s / s)
+
+
+PLANTED = {
+    cls.variant: cls
+    for cls in (
+        EpsOutsideSqrt, DividesByPaddedN, OnePassVariance, SkipsTailRows, WritesPastRowEnd,
+        RstdAsStd, IgnoresWeight, IgnoresBias, AccumulatesInBf16, LeaksNanAcrossRows,
+    )
+}

@@ -1,0 +1,94 @@
+"""Outside backends come in through a file or an entry point, with no edit to the project, and
+their failures land in the report with a command that reproduces them."""
+import json
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FILTER = ["--op", "rms_norm", "--dtype", "bfloat16", "--profile", "quick"]
+
+
+def run_harness(*args, env_extra=None, cwd=ROOT):
+    env = {**os.environ, **(env_extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", str(ROOT / "harness" / "test_differential.py"), "-q", "-p", "no:randomly", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_backend_from_a_file_runs_like_a_builtin(tmp_path):
+    proc = run_harness("--backend-file", str(ROOT / "examples" / "outside_backend.py"), "--backend", "mynorm",
+                       "--report-dir", str(tmp_path), *FILTER)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "correctness.json").read_text())
+    kernels = {r["kernel"] for r in doc["records"]}
+    assert kernels == {"mynorm.float32"}
+    assert all(r["outcome"] == "passed" for r in doc["records"])
+    assert "mynorm" in (tmp_path / "correctness.md").read_text()
+
+
+BUGGY = textwrap.dedent('''
+    from impls.registry import register
+    from tests.planted import IgnoresWeight
+    register(IgnoresWeight("rms_norm"))
+''')
+
+
+def test_failure_is_reported_with_a_working_reproduction(tmp_path):
+    plugin = tmp_path / "buggy_backend.py"
+    plugin.write_text(BUGGY)
+    proc = run_harness("--backend-file", str(plugin), "--backend", "planted", "--report-dir", str(tmp_path), *FILTER)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "correctness.json").read_text())
+    failed = [r for r in doc["records"] if r["outcome"] == "failed"]
+    no_weight = [r for r in doc["records"] if "noaffine" in r["case"]]
+    assert failed and all(r["outcome"] == "passed" for r in no_weight)  # no weight: no bug
+    md = (tmp_path / "correctness.md").read_text()
+    first = failed[0]
+    assert first["nodeid"].split("::")[-1] in md and "max ulp err" in md
+    # The report's command reproduces the failure on its own.
+    from harness.report import repro_command
+    cmd = shlex.split(repro_command(doc, first))
+    assert cmd[0] == "pytest"
+    again = subprocess.run([sys.executable, "-m", *cmd, "-q", "--report-dir", str(tmp_path / "again")], cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 1 and "1 failed" in again.stdout, again.stdout[-3000:]
+
+
+def test_backend_from_an_entry_point(tmp_path):
+    # A minimal installed distribution: a module plus dist-info naming it in normdiff.backends.
+    (tmp_path / "extnorm.py").write_text(textwrap.dedent('''
+        from impls.base import NormKernel
+
+        class Ext(NormKernel):
+            op = "rms_norm"
+            backend = "extnorm"
+            variant = "eager"
+            def _forward(self, x, weight, bias, eps, out):
+                import torch
+                y = torch.nn.functional.rms_norm(x.float(), (x.shape[1],), None, eps)
+                out.y.copy_(y if weight is None else y * weight.float())
+
+        def kernels():
+            return [Ext()]
+    '''))
+    info = tmp_path / "extnorm-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: extnorm\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[normdiff.backends]\nextnorm = extnorm:kernels\n")
+    proc = run_harness("--backend", "extnorm", "--report-dir", str(tmp_path), *FILTER,
+                       env_extra={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "correctness.json").read_text())
+    assert {r["kernel"] for r in doc["records"]} == {"extnorm.eager"}
+
+
+def test_unknown_backend_is_a_usage_error(tmp_path):
+    proc = run_harness("--backend", "nosuch", "--report-dir", str(tmp_path))
+    assert proc.returncode == 4
+    assert "unknown backend nosuch" in proc.stderr
