@@ -22,7 +22,10 @@ TILE_ELEMS = 4096
 MAX_ROWS = 64
 # Bytes of x one looped chunk reads: 4096 float32 or 8192 float16/bfloat16 elements.
 CHUNK_BYTES = 16384
-MAX_WARPS = 16
+# Threads of a program hold this many float32 working values each (the compute is float32
+# whatever x's dtype); 32 warps at most (1024 threads).
+PER_THREAD = 16
+MAX_WARPS = 32
 
 
 def cuda_present() -> bool:
@@ -58,16 +61,16 @@ def launch_config(n: int, dtype: torch.dtype, looped: bool) -> LaunchConfig:
       CHUNK_BYTES of x (4096 float32 / 8192 16-bit elements).
     - rows per program: TILE_ELEMS // BLOCK_N, clamped to [1, MAX_ROWS], so short rows share a
       program (fewer, fuller programs on the GPU, and far fewer Python steps in the interpreter).
-    - num_warps: one warp per 32 threads that each hold four 16-byte vectors of x
-      (16 float32 / 32 16-bit elements), rounded down to a power of two in [1, MAX_WARPS].
+    - num_warps: enough 32-thread warps for PER_THREAD (16) tile elements per thread, rounded
+      down to a power of two in [1, MAX_WARPS]; e.g. 8 for a 4096-element tile, 32 for N=65536
+      (64 per thread: ptxas for sm_90 spills there at 16 warps, not at 32).
     """
     itemsize = dtype.itemsize
     block_n = next_pow2(n)
     if looped:
         block_n = min(block_n, CHUNK_BYTES // itemsize)
     rows = max(1, min(MAX_ROWS, TILE_ELEMS // block_n))
-    per_thread = 4 * (16 // itemsize)
-    warps = max(1, (rows * block_n) // (32 * per_thread))
+    warps = max(1, (rows * block_n) // (32 * PER_THREAD))
     warps = min(MAX_WARPS, 1 << (warps.bit_length() - 1))
     return LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
 

@@ -1,0 +1,98 @@
+"""The tolerance policy: ulps, floors, NaN and infinity handling, and the stated criteria."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import compare
+from impls.reference import reference
+
+
+@pytest.mark.parametrize(
+    "dtype,value,expected",
+    [
+        (torch.bfloat16, 1.0, 2.0**-7),
+        (torch.bfloat16, 1.99, 2.0**-7),
+        (torch.bfloat16, -3.0, 2.0**-6),
+        (torch.float16, 1.0, 2.0**-10),
+        (torch.float16, 1e-7, 2.0**-24),  # subnormal spacing
+        (torch.float32, 1.0, 2.0**-23),
+        (torch.float32, 0.0, 2.0**-149),
+    ],
+)
+def test_ulp_is_the_dtype_spacing(dtype, value, expected):
+    assert compare.ulp(torch.tensor([value], dtype=torch.float64), dtype).item() == expected
+
+
+def test_ulp_matches_nextafter_for_float32():
+    v = torch.randn(1000, dtype=torch.float32) * 100
+    step = (torch.nextafter(v.abs(), torch.tensor(math.inf)) - v.abs()).double()
+    assert torch.equal(compare.ulp(v.double(), torch.float32), step)
+
+
+def _y_check(out, ref, dtype):
+    return compare.compare("y", out, ref, dtype, compare.Y_FLOOR[dtype], compare.Y_ULPS[dtype])
+
+
+def test_one_bf16_ulp_passes_two_fail():
+    ref = torch.full((8,), 1.5, dtype=torch.float64)
+    one = (ref + 2.0**-7).to(torch.bfloat16)
+    two = (ref + 2 * 2.0**-7).to(torch.bfloat16)
+    assert _y_check(one, ref, torch.bfloat16).ok
+    stats = _y_check(two, ref, torch.bfloat16)
+    assert not stats.ok and stats.mismatched == 8 and stats.max_ulp == 2.0
+
+
+def test_nan_must_match_nan_exactly():
+    ref = torch.tensor([1.0, math.nan, 2.0], dtype=torch.float64)
+    assert _y_check(torch.tensor([1.0, math.nan, 2.0]), ref, torch.float32).ok
+    missing = _y_check(torch.tensor([1.0, 5.0, 2.0]), ref, torch.float32)
+    extra = _y_check(torch.tensor([math.nan, math.nan, 2.0]), ref, torch.float32)
+    assert missing.mismatched == 1 and extra.mismatched == 1 and extra.worst_index == (0,)
+
+
+def test_infinity_must_match_exactly():
+    ref = torch.tensor([math.inf, 1.0], dtype=torch.float64)
+    assert _y_check(torch.tensor([math.inf, 1.0]), ref, torch.float32).ok
+    assert not _y_check(torch.tensor([-math.inf, 1.0]), ref, torch.float32).ok
+    assert not _y_check(torch.tensor([1.0, math.inf]), ref, torch.float32).ok
+
+
+def test_statistics_are_reported_even_when_passing():
+    ref = torch.linspace(-3, 3, 101, dtype=torch.float64)
+    out = ref.float()
+    stats = _y_check(out, ref, torch.float32)
+    assert stats.ok and 0 < stats.max_abs < 1e-6 and 0 < stats.rel_l2 < 1e-7 and stats.numel == 101
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ref=st.floats(-1e3, 1e3, allow_nan=False),
+    wmax=st.floats(0.5, 2.0),
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+)
+def test_at_least_as_strict_as_the_stated_criteria(ref, wmax, dtype):
+    """For ordinary rows (mean near zero, weights about one) the allowed error of y is within
+    atol=rtol=1e-4 for float32 and atol=rtol=1e-2 for float16/bfloat16."""
+    crit = 1e-4 if dtype == torch.float32 else 1e-2
+    r = torch.tensor([ref], dtype=torch.float64)
+    allowed = compare.Y_ULPS[dtype] * compare.ulp(r, dtype) + compare.Y_FLOOR[dtype] * wmax
+    assert allowed.item() <= crit + crit * abs(ref)
+
+
+def test_row_scale_grows_with_the_mean_in_standard_deviations():
+    x = (1e4 + torch.randn(2, 512, dtype=torch.float64)).float()
+    ref = reference("layer_norm", x, eps=1e-5)
+    scale = compare.row_scale("layer_norm", ref.mean, ref.rstd, None)
+    assert (scale > 5e3).all() and (scale < 2e4).all()
+    assert torch.equal(compare.row_scale("rms_norm", None, ref.rstd, None), torch.ones(2, 1, dtype=torch.float64))
+
+
+def test_distance_counts_nan_pattern_differences_as_infinite():
+    a = torch.tensor([1.0, math.nan])
+    assert compare.distance(a, torch.tensor([1.0, 2.0]), torch.float32) == math.inf
+    assert compare.distance(a, a.clone(), torch.float32) == 0.0
+    b = torch.tensor([1.0 + 2**-22, math.nan])
+    assert compare.distance(a, b, torch.float32) == 2.0

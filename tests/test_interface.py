@@ -1,0 +1,69 @@
+"""The common interface: layouts it accepts, what it returns, and the registry."""
+import pytest
+import torch
+
+from impls import registry
+from impls.base import NormInputError, NormOutputs, UnsupportedCase, rows_view
+from impls.reference import reference
+from tests.planted import Correct
+
+
+def test_rows_view_keeps_strided_rows_and_offsets():
+    storage = torch.randn(10, 80)
+    x = storage[2:7, 3:67]  # offset start, row stride 80
+    v = rows_view(x, "x", allow_copy=False)
+    assert v.shape == (5, 64) and v.stride() == (80, 1) and v.data_ptr() == x.data_ptr()
+    assert torch.equal(v, x)
+
+
+def test_rows_view_collapses_3d_and_copies_only_when_it_must():
+    x = torch.randn(4, 6, 32)
+    assert rows_view(x, "x", allow_copy=False).data_ptr() == x.data_ptr()
+    permuted = x.permute(1, 0, 2)  # leading dims not collapsible with one stride
+    copied = rows_view(permuted, "x", allow_copy=True)
+    assert torch.equal(copied, permuted.reshape(24, 32))
+    with pytest.raises(NormInputError, match="cannot be viewed as rows"):
+        rows_view(permuted, "out.y", allow_copy=False)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_non_collapsible_3d_input_is_handled_correctly(op):
+    kernel = Correct(op)
+    x = torch.randn(6, 4, 32).permute(1, 0, 2)
+    out = kernel(x, None, None, 1e-5)
+    ref = reference(op, x, eps=1e-5)
+    torch.testing.assert_close(out.y.double(), ref.y, rtol=1e-5, atol=1e-5)
+    assert out.rstd.shape == (4, 6)
+
+
+def test_one_dimensional_input_gives_scalar_statistics():
+    out = Correct("layer_norm")(torch.randn(100), None, None, 1e-5)
+    assert out.y.shape == (100,) and out.mean.shape == () and out.rstd.shape == ()
+
+
+def test_out_buffers_are_checked():
+    kernel = Correct("layer_norm")
+    x = torch.randn(3, 16)
+    with pytest.raises(NormInputError, match="out.y must be float32"):
+        kernel(x, out=NormOutputs(y=torch.empty(3, 15), mean=torch.empty(3), rstd=torch.empty(3)))
+    with pytest.raises(NormInputError, match="out.mean must be given"):
+        kernel(x, out=NormOutputs(y=torch.empty(3, 16), rstd=torch.empty(3)))
+    with pytest.raises(NormInputError, match="out.rstd must be a contiguous float32"):
+        kernel(x, out=NormOutputs(y=torch.empty(3, 16), mean=torch.empty(3), rstd=torch.empty(3, dtype=torch.float16)))
+
+
+def test_kernel_beyond_its_capacity_raises_unsupported_case():
+    class Small(Correct):
+        variant = "small"
+        max_n = 8
+
+    with pytest.raises(UnsupportedCase, match="N=16 exceeds planted.small's limit of 8"):
+        Small("rms_norm")(torch.randn(2, 16))
+
+
+def test_registry_lists_builtins_and_refuses_unknown_names():
+    registry.load_builtins()
+    assert {"torch", "triton"} <= set(registry.backends())
+    assert registry.get("layer_norm", "torch").name == "torch.eager"
+    with pytest.raises(KeyError, match="unknown backend"):
+        registry.kernels(["nosuch"])
