@@ -1,0 +1,108 @@
+"""A first speed measurement on the GPU: GB/s and % of a device-to-device copy measured in the
+same run. (The pytest-benchmark suite builds on the same timing and byte counts.)
+
+    python -m harness.measure --backend triton --dtype bfloat16 --shapes 16384x4096,16384x4000,32768x1024
+
+Timing: CUDA events around each call, the L2 cache flushed before every timed call (outside the
+events) and the GPU held busy briefly after it so the host's launch cost stays out of the events,
+warm-up calls first so compilation never lands in a timed call, the median reported. The kernel's
+``_forward`` is timed on prepared rows: the interface's validation is host work, not kernel time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from harness.cases import DTYPES
+from impls import registry
+from impls.base import UnsupportedCase
+
+L2_FLUSH_BYTES = 256 * 2**20  # several times the H200's 60 MB L2
+
+
+def gpu_time_ms(fn, reps: int = 50, warmup: int = 5) -> float:
+    """Median time of ``fn()`` in milliseconds, cold L2, by CUDA events."""
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        torch.cuda._sleep(50_000)  # about 25 us of GPU time: the host enqueues fn meanwhile
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_ceiling_gbps(nbytes: int = 2 * 2**30) -> float:
+    """Device-to-device copy bandwidth, bytes read plus bytes written."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = gpu_time_ms(lambda: dst.copy_(src), reps=20)
+    return 2 * nbytes / ms / 1e6
+
+
+def bytes_moved(op: str, m: int, n: int, dtype: torch.dtype, has_weight: bool, has_bias: bool, stats: int) -> int:
+    """Fewest bytes the op must move: read x and the parameters, write y and the statistics."""
+    s = dtype.itemsize
+    return 2 * m * n * s + (has_weight + has_bias) * n * s + stats * m * 4
+
+
+def measure(kernel, m: int, n: int, dtype: torch.dtype) -> dict:
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=dtype) if kernel.op == "layer_norm" else None
+    out = kernel(x, w, b, 1e-6)  # validates once, compiles, and gives the output buffers
+    ms = gpu_time_ms(lambda: kernel._forward(x, w, b, 1e-6, out))
+    nbytes = bytes_moved(kernel.op, m, n, dtype, True, b is not None, len(kernel.outputs) - 1)
+    return {"op": kernel.op, "kernel": kernel.name, "shape": f"{m}x{n}", "dtype": str(dtype).removeprefix("torch."),
+            "ms": ms, "gbps": nbytes / ms / 1e6}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.measure", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="triton")
+    p.add_argument("--dtype", default="bfloat16", choices=tuple(DTYPES))
+    p.add_argument("--shapes", default="16384x4096,16384x4000,32768x1024")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    registry.load_all()
+    ceiling = copy_ceiling_gbps()
+    rows = []
+    for shape in args.shapes.split(","):
+        m, n = (int(v) for v in shape.split("x"))
+        for op in ("rms_norm", "layer_norm"):
+            for kernel in registry.kernels(args.backend.split(","), op):
+                try:
+                    r = measure(kernel, m, n, DTYPES[args.dtype])
+                except UnsupportedCase as exc:
+                    print(f"{kernel.name} {op} {shape}: skipped: {exc}")
+                    continue
+                r["pct_of_copy"] = 100 * r["gbps"] / ceiling
+                rows.append(r)
+    doc = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "gpu": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "copy_gbps": ceiling, "results": rows}
+    print(f"{doc['date']} {doc['gpu']}: device-to-device copy {ceiling:.0f} GB/s")
+    print(f"{'op':<11} {'kernel':<16} {'shape':<12} {'us':>8} {'GB/s':>7} {'% copy':>7}")
+    for r in rows:
+        print(f"{r['op']:<11} {r['kernel']:<16} {r['shape']:<12} {r['ms'] * 1e3:8.1f} {r['gbps']:7.0f} {r['pct_of_copy']:6.1f}%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
