@@ -75,8 +75,13 @@ class HarnessState:
     def pytest_collection_modifyitems(self, items):
         for item in items:
             params = getattr(item, "callspec", None)
-            params = params.params if params else {}
-            case, kernel = params.get("case_kernel", (None, params.get("kernel")))
+            case = kernel = None
+            for value in (params.params.values() if params else ()):
+                for v in value if isinstance(value, tuple) else (value,):
+                    if isinstance(v, NormKernel):
+                        kernel = v
+                    elif isinstance(v, Case):
+                        case = v
             if kernel is None:
                 continue
             rec = {"test": item.originalname, "kernel": kernel.name, "backend": kernel.backend, "op": kernel.op}

@@ -3,6 +3,7 @@ backend code runs, and handles the edge inputs the interface accepts (empty batc
 import pytest
 import torch
 
+from harness.plugin import STATE
 from harness.runner import device_for
 from impls.base import NormInputError
 
@@ -37,11 +38,16 @@ def _runnable(kernel) -> str:
     return device_for(kernel)
 
 
-@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
-def test_rejects_bad_input(kernel, bad):
-    make, pattern, only_op = BAD_INPUTS[bad]
-    if only_op and kernel.op != only_op:
-        pytest.skip(f"{bad} applies to {only_op} only")
+def pytest_generate_tests(metafunc):
+    if "kernel_bad" in metafunc.fixturenames:
+        pairs = [(k, bad) for k in metafunc.config.stash[STATE].kernels for bad, (_, _, op) in sorted(BAD_INPUTS.items())
+                 if op in (None, k.op)]
+        metafunc.parametrize("kernel_bad", pairs, ids=[f"{k.op}-{k.name}-{bad}" for k, bad in pairs])
+
+
+def test_rejects_bad_input(kernel_bad):
+    kernel, bad = kernel_bad
+    make, pattern, _ = BAD_INPUTS[bad]
     x, weight, bias, eps = make(_runnable(kernel))
     with pytest.raises(NormInputError, match=pattern):
         kernel(x, weight, bias, eps)
