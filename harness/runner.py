@@ -35,11 +35,11 @@ class CheckResult:
 
 
 def device_for(kernel: NormKernel) -> str:
-    """The device a kernel's inputs go to: the first of its devices this machine has."""
-    for dev in kernel.devices:
-        if dev == "cpu" or (dev == "cuda" and torch.cuda.is_available()):
-            return dev
-    return kernel.devices[0]
+    """The device a kernel's inputs go to: the GPU when the kernel runs there and one is
+    present, else the first device it names."""
+    if "cuda" in kernel.devices and torch.cuda.is_available():
+        return "cuda"
+    return "cpu" if "cpu" in kernel.devices else kernel.devices[0]
 
 
 class OracleCache:

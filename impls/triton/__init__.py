@@ -17,7 +17,10 @@ from impls.triton import _launch
 if not _launch.cuda_present() and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"
 
-from impls.triton import layer_norm, rms_norm  # noqa: E402  (they register their kernels)
+# Importing the modules registers their kernels. The dispatch functions below then take over
+# the package attributes rms_norm and layer_norm; the modules stay importable by full name
+# (from impls.triton.rms_norm import ...).
+from impls.triton import layer_norm, rms_norm  # noqa: E402,F401
 from impls.triton._launch import choose_variant  # noqa: E402
 
 __all__ = ["availability", "note", "choose_variant", "rms_norm", "layer_norm"]

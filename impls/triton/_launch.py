@@ -137,10 +137,23 @@ class TritonKernel(NormKernel):
     def config(self, n: int, dtype: torch.dtype) -> LaunchConfig:
         return launch_config(n, dtype, looped=self.variant == "looped")
 
+    def y_target(self, y: torch.Tensor) -> torch.Tensor:
+        """Where the kernel writes y. The interpreter casts float32 to bfloat16 by truncation,
+        the GPU to nearest even; so under the interpreter bfloat16 y is staged in float32 and
+        cast by torch (see finish_y), keeping the interpreter's numerics those of the GPU."""
+        if y.dtype == torch.bfloat16 and state().interpreted:
+            return torch.empty(y.shape, dtype=torch.float32, device=y.device)
+        return y
+
+    @staticmethod
+    def finish_y(y: torch.Tensor, target: torch.Tensor) -> None:
+        if target is not y:
+            y.copy_(target)
+
     def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, **meta) -> None:
         """Run one program per cfg.rows rows, on x's device."""
         fn = getattr(state().kernels, kernel_name)
-        grid = (triton_cdiv(x.shape[0], cfg.rows),)
+        grid = (cdiv(x.shape[0], cfg.rows),)
         kwargs = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **meta)
         if self.variant == "looped":
             # The interpreter needs the loop bound as a Python int (see _kernels); compiled: None.
@@ -152,5 +165,5 @@ class TritonKernel(NormKernel):
             fn[grid](*args, **kwargs)
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)

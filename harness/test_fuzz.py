@@ -1,0 +1,45 @@
+"""Cases the catalogue does not list: hypothesis draws shapes, layouts, distributions, eps and
+affine parameters, and every selected kernel must match the oracle inside guards on each.
+A failure prints the drawn Case; its id rebuilds the same inputs (harness.cases.case_from_id)."""
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from harness import runner
+from harness.cases import DTYPES, Case
+
+# Distributions a drawn case may use (NaN rows stay in the catalogue: one NaN row per case).
+DISTS = ("normal", "offset", "large_mean", "constant", "tiny", "huge")
+
+
+@st.composite
+def cases(draw, op: str, max_elems: int):
+    n = draw(st.one_of(st.integers(1, 5000), st.integers(5000, 70000)))
+    m = draw(st.integers(1, max(1, min(300, max_elems // n))))
+    shape = (m, n) if draw(st.booleans()) else (*draw(st.sampled_from([(1, m), (m, 1)])), n)
+    return Case(
+        op=op,
+        dtype=draw(st.sampled_from(tuple(DTYPES))),
+        shape=shape,
+        dist=draw(st.sampled_from(DISTS)),
+        eps=draw(st.sampled_from([None, 1e-6, 1e-3, 0.1])),
+        affine=draw(st.sampled_from(["none", "weight", "weight_bias"])),
+        row_pad=draw(st.sampled_from([0, 0, 1, 3, 64])),
+        tags=("fuzz",),
+    )
+
+
+def test_fuzz(kernel, harness_state):
+    if kernel.availability():
+        pytest.skip(kernel.availability())
+    quick = harness_state.profile == "quick"
+
+    @settings(max_examples=12 if quick else 150, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(case=cases(kernel.op, 20_000 if quick else 4_000_000))
+    def check(case):
+        result = runner.check(kernel, case)
+        assume(result.skipped is None)  # outside this kernel's range: the catalogue reports those
+        assert result.ok, result.failure_message()
+
+    check()

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One batched GPU session: the full-profile correctness run, the first speed measurement and the
+# framework's own tests, everything written under $1 (default: reports/gpu-run).
+# The GPU machine has torch, triton and pytest but the project is not installed: use PYTHONPATH.
+set -uo pipefail
+out=${1:-reports/gpu-run}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/nvidia-smi.txt"
+python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+status=0
+python -m pytest harness --backend all --profile full --report-dir "$out" -q -p no:randomly 2>&1 | tail -n 40 | tee "$out/harness.log" || status=1
+python -m harness.measure --backend torch,triton --json "$out/measure.json" 2>&1 | tee "$out/measure.log" || status=1
+python -m pytest tests -q -x 2>&1 | tail -n 15 | tee "$out/tests.log" || status=1
+exit $status
