@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/nvidia-smi.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 status=0
-timeout "${HARNESS_TIMEOUT:-480}" python -m pytest harness --backend all --profile full --report-dir "$out" -q -p no:randomly "${@:2}" 2>&1 | tail -n 40 | tee "$out/harness.log" || status=1
+timeout -s INT "${HARNESS_TIMEOUT:-480}" python -m pytest harness --backend all --profile full --report-dir "$out" -q -p no:randomly "${@:2}" 2>&1 | tail -n 40 | tee "$out/harness.log" || status=1
 python -m harness.measure --backend torch,triton --json "$out/measure.json" 2>&1 | tee "$out/measure.log" || status=1
 python -m pytest tests -q -x 2>&1 | tail -n 15 | tee "$out/tests.log" || status=1
 exit $status
