@@ -100,35 +100,37 @@ class Inputs:
 
 
 def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:
-    """Deterministic inputs for a case, made on the CPU (same bits on every device), then moved."""
-    gen = torch.Generator().manual_seed(case.seed)
+    """Deterministic inputs for a case, drawn on ``device`` from a seed derived from the case id
+    (the same bits on every run on the same kind of device)."""
+    gen = torch.Generator(device=device).manual_seed(case.seed)
     dtype = case.torch_dtype
     lead, n = case.shape[:-1], case.n
     storage = make_x(case.dist, (*lead, n + case.row_pad), dtype, gen)
-    x = storage.to(device)[..., :n]
+    x = storage[..., :n]
     weight = bias = None
     if case.has_weight:  # weights away from one, some negative: an ignored weight shows
-        weight = (1.0 + 0.5 * torch.randn(n, generator=gen)).to(dtype).to(device)
+        weight = (1.0 + 0.5 * torch.randn(n, generator=gen, device=gen.device)).to(dtype)
     if case.has_bias:
-        bias = (0.5 * torch.randn(n, generator=gen)).to(dtype).to(device)
+        bias = (0.5 * torch.randn(n, generator=gen, device=gen.device)).to(dtype)
     return Inputs(x=x, weight=weight, bias=bias, eps=case.eps_value)
 
 
 def make_x(dist: str, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
     finfo = torch.finfo(dtype)
-    normal = lambda: torch.randn(shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    dev = gen.device
+    normal = lambda: torch.randn(shape, generator=gen, dtype=torch.float64, device=dev)  # noqa: E731
     if dist == "normal":
         x = normal()
     elif dist == "offset":  # mean and scale vary per row
         lead = (*shape[:-1], 1)
-        x = normal() * torch.rand(lead, generator=gen, dtype=torch.float64) * 4 + torch.randn(
-            lead, generator=gen, dtype=torch.float64
+        x = normal() * torch.rand(lead, generator=gen, dtype=torch.float64, device=dev) * 4 + torch.randn(
+            lead, generator=gen, dtype=torch.float64, device=dev
         ) * 3
     elif dist == "large_mean":
         # mean 1e4 and a spread of a few ulps at that magnitude: E[x^2]-E[x]^2 cancels.
         x = 1e4 + normal() * max(1.0, 1e4 * finfo.eps)
     elif dist == "constant":  # variance exactly zero; each row its own value
-        x = torch.randn((*shape[:-1], 1), generator=gen, dtype=torch.float64).expand(shape).clone() * 2
+        x = torch.randn((*shape[:-1], 1), generator=gen, dtype=torch.float64, device=dev).expand(shape).clone() * 2
     elif dist == "tiny":  # squares underflow a half-precision accumulator
         x = normal() * (1e-4 if dtype == torch.float16 else 1e-12)
     elif dist == "huge":  # squares overflow a half-precision accumulator, not a float32 one

@@ -43,16 +43,19 @@ def device_for(kernel: NormKernel) -> str:
 
 
 class OracleCache:
-    """The oracle's answer for the last case, shared by every kernel that runs it."""
+    """The inputs and the oracle's answer for the last case, shared by every kernel that runs it
+    (the harness runs all kernels of a case one after another)."""
 
     def __init__(self):
         self._key = None
         self._value = None
 
-    def get(self, case: Case, inputs) -> NormOutputs:
-        key = (case.id, inputs.x.device.type)
+    def get(self, case: Case, device: str):
+        key = (case.id, device)
         if key != self._key:
-            self._key, self._value = key, reference(case.op, inputs.x, inputs.weight, inputs.bias, inputs.eps)
+            self._value = None  # free the previous case's tensors first
+            inputs = make_inputs(case, device)
+            self._key, self._value = key, (inputs, reference(case.op, inputs.x, inputs.weight, inputs.bias, inputs.eps))
         return self._value
 
 
@@ -64,14 +67,13 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
     if reason:
         result.skipped = reason
         return result
-    inputs = make_inputs(case, device)
+    inputs, ref = (oracle or OracleCache()).get(case, device)
     out, guarded = guards.guarded_outputs(kernel, inputs.x)
     # Judged on what lands in the given buffers, whatever the call returns.
     kernel(inputs.x, inputs.weight, inputs.bias, inputs.eps, out=out)
     if device == "cuda":
         torch.cuda.synchronize()
     result.findings = guards.inspect(guarded)
-    ref = (oracle or OracleCache()).get(case, inputs)
     stat_dtype = kernel.stat_dtype(case.torch_dtype, device)
     result.errors = compare.compare_outputs(case.op, out, ref, case.torch_dtype, stat_dtype, inputs.weight)
     if keep_outputs:

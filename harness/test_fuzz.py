@@ -34,7 +34,7 @@ def test_fuzz(kernel, harness_state):
         pytest.skip(kernel.availability())
     quick = harness_state.profile == "quick"
 
-    @settings(max_examples=12 if quick else 40, deadline=None, database=None,
+    @settings(max_examples=12 if quick else 20, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(case=cases(kernel.op, 20_000 if quick else 4_000_000))
     def check(case):
