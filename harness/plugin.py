@@ -22,6 +22,7 @@ from impls import registry
 from impls.base import OPS, NormKernel
 
 STATE = pytest.StashKey["HarnessState"]()
+PARTIAL_REPORT_S = 60.0  # seconds between partial reports during a run
 
 
 def pytest_addoption(parser):
@@ -51,9 +52,34 @@ class HarnessState:
     oracle: OracleCache = field(default_factory=OracleCache)
     # Agreement matrix: (op, dtype, kernel_a, kernel_b) -> [max ulp distance, cases compared]
     agreement: dict[tuple[str, str, str, str], list] = field(default_factory=dict)
+    config: pytest.Config | None = None
     _last_case: str | None = None
     _last_outputs: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    _last_write: float = field(default_factory=time.time)
+
+    def write_report(self, final: bool) -> None:
+        """Write the report; during the run every PARTIAL_REPORT_S too, marked as partial, so a
+        run that is killed still leaves the last good report."""
+        config = self.config
+        if not self.records or config.getoption("no_report"):
+            return
+        from harness.report import build_document, write_report
+
+        ran = sum(1 for r in self.records.values() if "outcome" in r)
+        doc = build_document(
+            records=self.records,
+            agreement=self.agreement,
+            backends=backend_status(self.kernels),
+            selection=self.selection,
+            environment=environment(),
+            command=invocation(config),
+            elapsed=time.time() - self.started,
+        )
+        doc["progress"] = {"final": final, "ran": ran, "collected": len(self.records)}
+        report_dir = config.getoption("report_dir") or str(Path(config.rootpath) / "reports")
+        config._normdiff_report = write_report(doc, Path(report_dir))  # noqa: SLF001 (terminal summary)
+        self._last_write = time.time()
 
     def record_agreement(self, result: CheckResult) -> None:
         case = result.case
@@ -104,6 +130,8 @@ class HarnessState:
             if report.failed and "message" not in rec:
                 rec["message"] = (report.longreprtext or "")[-3000:]
         rec["duration"] = rec.get("duration", 0.0) + report.duration
+        if time.time() - self._last_write > PARTIAL_REPORT_S:
+            self.write_report(final=False)
 
 
 def _split(value: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...] | None:
@@ -135,7 +163,7 @@ def pytest_configure(config):
         "dtype": config.getoption("dtype"),
         "profile": profile,
     }
-    state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection)
+    state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config)
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normdiff-state")
 
@@ -187,22 +215,8 @@ def record(state: HarnessState, nodeid: str, **fields) -> None:
 
 def pytest_sessionfinish(session, exitstatus):
     state = session.config.stash.get(STATE, None)
-    if state is None or not state.records or session.config.getoption("no_report"):
-        return
-    from harness.report import build_document, write_report
-
-    report_dir = session.config.getoption("report_dir") or str(Path(session.config.rootpath) / "reports")
-    doc = build_document(
-        records=state.records,
-        agreement=state.agreement,
-        backends=backend_status(state.kernels),
-        selection=state.selection,
-        environment=environment(),
-        command=invocation(session.config),
-        elapsed=time.time() - state.started,
-    )
-    paths = write_report(doc, Path(report_dir))
-    session.config._normdiff_report = paths  # noqa: SLF001 (read by the terminal summary)
+    if state is not None:
+        state.write_report(final=True)
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -96,6 +96,13 @@ def render_markdown(doc: dict) -> str:
     lines += _table(["", ""], [[k, v] for k, v in env.items() if v is not None] +
                     [["command", f"`{doc['command']}`"], ["profile", doc["selection"].get("profile")],
                      ["wall time", f"{doc['elapsed_s']} s"]])
+    progress = doc.get("progress") or {"final": True}
+    if not progress.get("final", True):
+        lines += ["", f"> **Partial report**: the run had finished {progress['ran']} of {progress['collected']} "
+                      "checks when this was written; it did not reach its end.", ""]
+    elif progress.get("ran", 0) < progress.get("collected", 0):
+        lines += ["", f"> **Incomplete run**: {progress['ran']} of {progress['collected']} checks ran "
+                      "(interrupted or stopped at the first failure).", ""]
     lines += ["", "## Backends", ""]
     lines += _table(["backend", "status here"], [
         [name, f"unavailable: {b['unavailable']}" if b["unavailable"] else (b["note"] or "available")]
