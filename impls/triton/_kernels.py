@@ -14,6 +14,18 @@ import triton.language as tl
 
 
 @triton.jit
+def _store_y(Y, offsets, y, mask, ROUND_BF16: tl.constexpr):
+    """Store float32 y in Y's dtype. The interpreter casts float32 to bfloat16 by truncation
+    where the GPU rounds to nearest even; ROUND_BF16 (set under the interpreter only) rounds to
+    nearest even by hand first, so the cast is exact and the numerics are the GPU's."""
+    if ROUND_BF16:
+        bits = y.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        y = bits.to(tl.float32, bitcast=True)
+    tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _row_offsets(pid, M, stride_x, stride_y, ROWS: tl.constexpr):
     rows = pid * ROWS + tl.arange(0, ROWS)
     rows64 = rows.to(tl.int64)  # before the multiply: M * stride may pass 2**31
@@ -24,7 +36,7 @@ def _row_offsets(pid, M, stride_x, stride_y, ROWS: tl.constexpr):
 @triton.jit
 def rms_norm_rowwise(
     X, W, Y, RSTD, M, N, stride_x, stride_y, eps,
-    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -36,14 +48,14 @@ def rms_norm_rowwise(
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y * w[None, :]
-    tl.store(Y + yoff[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    _store_y(Y, yoff[:, None] + cols[None, :], y, mask, ROUND_BF16)
     tl.store(RSTD + rows, rstd, mask=rmask)
 
 
 @triton.jit
 def rms_norm_looped(
     X, W, Y, RSTD, M, N, stride_x, stride_y, eps,
-    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_N: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     # Pass 1: per-lane float32 sums of squares, reduced once at the end.
@@ -64,7 +76,7 @@ def rms_norm_looped(
         if HAS_WEIGHT:
             w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
             y = y * w[None, :]
-        tl.store(Y + yoff[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        _store_y(Y, yoff[:, None] + cols[None, :], y, mask, ROUND_BF16)
     tl.store(RSTD + rows, rstd, mask=rmask)
 
 
@@ -75,7 +87,7 @@ def rms_norm_looped(
 @triton.jit
 def layer_norm_rowwise(
     X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -94,7 +106,7 @@ def layer_norm_rowwise(
     if HAS_BIAS:
         b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y + b[None, :]
-    tl.store(Y + yoff[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    _store_y(Y, yoff[:, None] + cols[None, :], y, mask, ROUND_BF16)
     tl.store(MEAN + rows, k + mean_s, mask=rmask)
     tl.store(RSTD + rows, rstd, mask=rmask)
 
@@ -103,7 +115,7 @@ def layer_norm_rowwise(
 def layer_norm_looped(
     X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    LOOP_N: tl.constexpr,
+    LOOP_N: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     k = tl.load(X + xoff, mask=rmask, other=0.0).to(tl.float32)
@@ -141,6 +153,6 @@ def layer_norm_looped(
         if HAS_BIAS:
             b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
             y = y + b[None, :]
-        tl.store(Y + yoff[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        _store_y(Y, yoff[:, None] + cols[None, :], y, mask, ROUND_BF16)
     tl.store(MEAN + rows, k + mean_s, mask=rmask)
     tl.store(RSTD + rows, rstd, mask=rmask)

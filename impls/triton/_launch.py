@@ -137,27 +137,16 @@ class TritonKernel(NormKernel):
     def config(self, n: int, dtype: torch.dtype) -> LaunchConfig:
         return launch_config(n, dtype, looped=self.variant == "looped")
 
-    def y_target(self, y: torch.Tensor) -> torch.Tensor:
-        """Where the kernel writes y. The interpreter casts float32 to bfloat16 by truncation,
-        the GPU to nearest even; so under the interpreter bfloat16 y is staged in float32 and
-        cast by torch (see finish_y), keeping the interpreter's numerics those of the GPU."""
-        if y.dtype == torch.bfloat16 and state().interpreted:
-            return torch.empty(y.shape, dtype=torch.float32, device=y.device)
-        return y
-
-    @staticmethod
-    def finish_y(y: torch.Tensor, target: torch.Tensor) -> None:
-        if target is not y:
-            y.copy_(target)
-
     def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, **meta) -> None:
         """Run one program per cfg.rows rows, on x's device."""
         fn = getattr(state().kernels, kernel_name)
         grid = (cdiv(x.shape[0], cfg.rows),)
-        kwargs = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **meta)
+        interpreted = state().interpreted
+        kwargs = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                      ROUND_BF16=interpreted and x.dtype == torch.bfloat16, **meta)
         if self.variant == "looped":
             # The interpreter needs the loop bound as a Python int (see _kernels); compiled: None.
-            kwargs["LOOP_N"] = x.shape[1] if state().interpreted else None
+            kwargs["LOOP_N"] = x.shape[1] if interpreted else None
         if x.device.type == "cuda":
             with torch.cuda.device(x.device):
                 fn[grid](*args, **kwargs)

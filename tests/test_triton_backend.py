@@ -1,0 +1,63 @@
+"""The Triton backend's own contract: variant choice, launch heuristic, range limits, and the
+interpreter's bfloat16 rounding matching the GPU's."""
+import pytest
+import torch
+
+import impls.triton as tri
+from impls.base import UnsupportedCase
+from impls.reference import reference
+from impls.triton._launch import ROWWISE_MAX_N, launch_config
+
+pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("n", [1, 7, 769, 4000, 4096, 65536, 65537, 262144])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("looped", [False, True])
+def test_launch_config_covers_the_row(n, dtype, looped):
+    cfg = launch_config(n, dtype, looped)
+    assert cfg.block_n & (cfg.block_n - 1) == 0 and 1 <= cfg.rows <= 64
+    assert cfg.num_warps in (1, 2, 4, 8, 16, 32)
+    if looped:
+        assert cfg.block_n * dtype.itemsize <= 16384
+    else:
+        assert cfg.block_n >= n  # one tile holds the whole row
+
+
+def test_variant_is_chosen_by_n():
+    assert tri.choose_variant(ROWWISE_MAX_N) == "rowwise"
+    assert tri.choose_variant(ROWWISE_MAX_N + 1) == "looped"
+
+
+def test_rowwise_refuses_rows_longer_than_one_tile():
+    from impls import registry
+
+    kernel = registry.get("rms_norm", "triton", "rowwise")
+    with pytest.raises(UnsupportedCase, match="N=65537 exceeds triton.rowwise's limit of 65536"):
+        kernel(torch.randn(1, 65537, device=DEVICE))
+
+
+@pytest.mark.parametrize("n", [1000, 70000])
+def test_dispatch_functions_match_the_oracle(n):
+    x = torch.randn(2, n, device=DEVICE, dtype=torch.float32) + 3
+    w = torch.randn(n, device=DEVICE)
+    b = torch.randn(n, device=DEVICE)
+    out = tri.layer_norm(x, w, b, eps=1e-5)
+    ref = reference("layer_norm", x, w, b, 1e-5)
+    torch.testing.assert_close(out.y.double(), ref.y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.mean.double(), ref.mean, rtol=1e-6, atol=1e-6)
+    out = tri.rms_norm(x, w, eps=1e-6)
+    torch.testing.assert_close(out.rstd.double(), reference("rms_norm", x, w, None, 1e-6).rstd, rtol=1e-6, atol=0)
+
+
+def test_bfloat16_output_is_rounded_to_nearest_even():
+    """y rounded to nearest from the float32 result (as the GPU does), not truncated (as the
+    interpreter's plain cast does): truncation would agree on only about half the elements."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4000, generator=gen).to(torch.bfloat16).to(DEVICE)
+    w = (1 + 0.5 * torch.randn(4000, generator=gen)).to(torch.bfloat16).to(DEVICE)
+    out = tri.rms_norm(x, w, eps=1e-6)
+    y32 = x.float() * out.rstd[:, None] * w.float()  # the kernel's float32 result, up to rounding
+    nearest = (out.y == y32.to(torch.bfloat16)).float().mean().item()
+    assert nearest > 0.999, nearest
