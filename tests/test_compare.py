@@ -90,9 +90,9 @@ def test_row_scale_grows_with_the_mean_in_standard_deviations():
     assert torch.equal(compare.row_scale("rms_norm", None, ref.rstd, None), torch.ones(2, 1, dtype=torch.float64))
 
 
-def test_distance_counts_nan_pattern_differences_as_infinite():
+def test_distance_is_in_units_of_the_allowance():
     a = torch.tensor([1.0, math.nan])
-    assert compare.distance(a, torch.tensor([1.0, 2.0]), torch.float32) == math.inf
-    assert compare.distance(a, a.clone(), torch.float32) == 0.0
-    b = torch.tensor([1.0 + 2**-22, math.nan])
-    assert compare.distance(a, b, torch.float32) == 2.0
+    allowance = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    assert compare.distance(a, torch.tensor([1.0, 2.0]), allowance) == math.inf  # NaN pattern differs
+    assert compare.distance(a, a.clone(), allowance) == 0.0
+    assert compare.distance(a, torch.tensor([2.0, math.nan]), allowance) == 2.0

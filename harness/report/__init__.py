@@ -12,10 +12,10 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-SCHEMA = 1
-# Two passing kernels whose y differ by more than this many ulps of the output dtype
-# (float32 allows 64 ulps each way) get a line of their own.
-DISAGREE_ULPS = {"float32": 128, "float16": 2, "bfloat16": 2}
+SCHEMA = 2  # 2: agreement in allowed errors (max_diff); 1: in ulps (max_ulp)
+# Two kernels whose y differ by more than one allowed error (each may err by one, in opposite
+# directions) get a line of their own: they compute differently enough to look at.
+DISAGREE = 1.0
 
 
 def build_document(*, records, agreement, backends, selection, environment, command, elapsed) -> dict:
@@ -31,7 +31,7 @@ def build_document(*, records, agreement, backends, selection, environment, comm
         "backends": {name: {"note": note, "unavailable": why} for name, (note, why) in backends.items()},
         "records": rows,
         "agreement": [
-            {"op": op, "dtype": dt, "a": a, "b": b, "max_ulp": d, "cases": n, "worst_case": worst}
+            {"op": op, "dtype": dt, "a": a, "b": b, "max_diff": d, "cases": n, "worst_case": worst}
             for (op, dt, a, b), (d, n, worst) in sorted(agreement.items())
         ],
     }
@@ -169,10 +169,14 @@ def render_markdown(doc: dict) -> str:
                     [[k, dt, o, *v] for (k, dt, o), v in sorted(worst.items())]) if worst else ["No passing cases."]
 
     lines += ["", "## Agreement between kernels", "",
-              "Largest difference of y between two kernels on the same case, in ulps of the output dtype "
-              "(values under 2^-10 in magnitude count as 2^-10). `inf` means their NaN patterns differ.", ""]
+              "Largest difference of y between two kernels on the same case, in units of the error each "
+              "may make against the oracle (the tolerance above); cases compared in brackets. "
+              "`inf` means their NaN patterns differ.", ""]
     by_table: dict[tuple, dict] = defaultdict(dict)
+    unit = "allowed errors"
     for a in doc.get("agreement", ()):
+        if "max_diff" not in a:  # a schema-1 document measured agreement in ulps
+            a, unit = {**a, "max_diff": a["max_ulp"]}, "ulps (schema 1: values under 2^-10 counted as 2^-10)"
         by_table[(a["op"], a["dtype"])][(a["a"], a["b"])] = a
     if not by_table:
         lines.append("Only one kernel ran per case: nothing to compare.")
@@ -185,16 +189,16 @@ def render_markdown(doc: dict) -> str:
             row = [a]
             for b in names:
                 cell = cells.get(tuple(sorted((a, b))))
-                row.append("" if a == b else (f"{_fmt(cell['max_ulp'])} ({cell['cases']})" if cell else "-"))
+                row.append("" if a == b else (f"{_fmt(cell['max_diff'])} ({cell['cases']})" if cell else "-"))
             rows.append(row)
-        lines += _table(["max ulp (cases)", *names], rows)
-        for cell in cells.values():
-            if cell["max_ulp"] > DISAGREE_ULPS.get(dt, 2):
-                flagged.append(cell)
+        lines += _table([f"max difference in {unit} (cases)", *names], rows)
+        if unit == "allowed errors":
+            flagged += [cell for cell in cells.values() if cell["max_diff"] > DISAGREE]
     if flagged:
-        lines += ["", "Pairs that disagree by more than two tolerances' worth of ulps:", ""]
+        lines += ["", "Pairs that differ by more than one allowed error somewhere:", ""]
         for c in flagged:
-            lines.append(f"- {c['op']} {c['dtype']}: {c['a']} vs {c['b']}: {_fmt(c['max_ulp'])} ulps, worst on `{c['worst_case']}`")
+            lines.append(f"- {c['op']} {c['dtype']}: {c['a']} vs {c['b']}: {_fmt(c['max_diff'])} allowed errors, "
+                         f"worst on `{c['worst_case']}`")
     lines.append("")
     return "\n".join(lines)
 
