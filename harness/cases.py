@@ -97,6 +97,11 @@ class Inputs:
     weight: torch.Tensor | None
     bias: torch.Tensor | None
     eps: float
+    storage: torch.Tensor  # x with the padding between its rows
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        named = {"x": self.storage, "weight": self.weight, "bias": self.bias}
+        return {k: v for k, v in named.items() if v is not None}
 
 
 def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:
@@ -112,7 +117,7 @@ def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:
         weight = (1.0 + 0.5 * torch.randn(n, generator=gen, device=gen.device)).to(dtype)
     if case.has_bias:
         bias = (0.5 * torch.randn(n, generator=gen, device=gen.device)).to(dtype)
-    return Inputs(x=x, weight=weight, bias=bias, eps=case.eps_value)
+    return Inputs(x=x, weight=weight, bias=bias, eps=case.eps_value, storage=storage)
 
 
 def make_x(dist: str, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:

@@ -69,13 +69,13 @@ def guarded_outputs(kernel, x: torch.Tensor) -> tuple[NormOutputs, list[Guarded]
 
 @dataclass
 class GuardFinding:
-    output: str
-    kind: str  # "unwritten" or "out-of-bounds write"
+    output: str  # an output, or an input ("x", "weight", "bias") for "input modified"
+    kind: str  # "unwritten", "out-of-bounds write" or "input modified"
     count: int
     first: list[int]  # index of the first offending element (in the output, or buffer offset)
 
     def summary(self) -> str:
-        where = "element" if self.kind == "unwritten" else "buffer offset"
+        where = "buffer offset" if self.kind == "out-of-bounds write" else "element"
         return f"{self.output}: {self.count} {self.kind} element(s), first at {where} {self.first}"
 
 
@@ -101,3 +101,19 @@ def _first_in_view(g: Guarded, unwritten: torch.Tensor) -> list[int]:
         index.append(offset // stride)
         offset %= stride
     return index
+
+
+def snapshot_inputs(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: t.clone() for name, t in tensors.items()}
+
+
+def inputs_modified(before: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> list[GuardFinding]:
+    """Inputs (x with the padding between its rows, weight, bias) that the kernel wrote to."""
+    findings = []
+    for name, old in before.items():
+        new = tensors[name]
+        changed = new.view(_INT_VIEW[new.element_size()]) != old.view(_INT_VIEW[old.element_size()])
+        if changed.any():
+            first = [int(i) for i in torch.nonzero(changed)[0]]
+            findings.append(GuardFinding(name, "input modified", int(changed.sum()), first))
+    return findings

@@ -58,6 +58,9 @@ class OracleCache:
             self._key, self._value = key, (inputs, reference(case.op, inputs.x, inputs.weight, inputs.bias, inputs.eps))
         return self._value
 
+    def forget(self) -> None:
+        self._key = self._value = None
+
 
 def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, keep_outputs: bool = False) -> CheckResult:
     """Run ``kernel`` on ``case`` inside guards and compare with the oracle."""
@@ -67,13 +70,17 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
     if reason:
         result.skipped = reason
         return result
-    inputs, ref = (oracle or OracleCache()).get(case, device)
+    oracle = oracle or OracleCache()
+    inputs, ref = oracle.get(case, device)
     out, guarded = guards.guarded_outputs(kernel, inputs.x)
+    before = guards.snapshot_inputs(inputs.tensors())
     # Judged on what lands in the given buffers, whatever the call returns.
     kernel(inputs.x, inputs.weight, inputs.bias, inputs.eps, out=out)
     if device == "cuda":
         torch.cuda.synchronize()
-    result.findings = guards.inspect(guarded)
+    result.findings = guards.inspect(guarded) + guards.inputs_modified(before, inputs.tensors())
+    if any(f.kind == "input modified" for f in result.findings):
+        oracle.forget()  # the next kernel gets fresh inputs
     stat_dtype = kernel.stat_dtype(case.torch_dtype, device)
     result.errors = compare.compare_outputs(case.op, out, ref, case.torch_dtype, stat_dtype, inputs.weight)
     if keep_outputs:

@@ -172,10 +172,20 @@ class LeaksNanAcrossRows(Correct):
         self.write(out, y, mean_s * s, rstd_s / s)
 
 
+class ModifiesInput(Correct):
+    """Uses x as scratch space for the normalised row."""
+
+    variant = "modifies_input"
+
+    def _forward(self, x, weight, bias, eps, out):
+        super()._forward(x, weight, bias, eps, out)
+        x.copy_(out.y)
+
+
 PLANTED = {
     cls.variant: cls
     for cls in (
         EpsOutsideSqrt, DividesByPaddedN, OnePassVariance, SkipsTailRows, WritesPastRowEnd,
-        RstdAsStd, IgnoresWeight, IgnoresBias, AccumulatesInBf16, LeaksNanAcrossRows,
+        RstdAsStd, IgnoresWeight, IgnoresBias, AccumulatesInBf16, LeaksNanAcrossRows, ModifiesInput,
     )
 }

@@ -30,6 +30,7 @@ EXPECTED = {
     "ignores_bias": (("layer_norm",), _error_in("y")),
     "accumulates_in_bf16": (("rms_norm", "layer_norm"), _error_in("y", "rstd")),
     "leaks_nan_across_rows": (("rms_norm", "layer_norm"), _nan_leak),
+    "modifies_input": (("rms_norm", "layer_norm"), _guard("input modified", "x")),
 }
 PAIRS = [(bug, op) for bug, (ops, _) in EXPECTED.items() for op in ops]
 
