@@ -50,7 +50,7 @@ class HarnessState:
     selection: dict
     records: dict[str, dict] = field(default_factory=dict)  # nodeid -> record
     oracle: OracleCache = field(default_factory=OracleCache)
-    # Agreement matrix: (op, dtype, kernel_a, kernel_b) -> [max ulp distance, cases compared]
+    # Agreement: (op, dtype, kernel_a, kernel_b) -> [max difference in allowed errors, cases, worst case]
     agreement: dict[tuple[str, str, str, str], list] = field(default_factory=dict)
     config: pytest.Config | None = None
     _last_case: str | None = None

@@ -67,6 +67,8 @@ class NormKernel:
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     # Devices the kernel runs on, by torch device type.
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    # Input dtypes the kernel handles (a subset of SUPPORTED_DTYPES).
+    dtypes: ClassVar[tuple[torch.dtype, ...]] = SUPPORTED_DTYPES
     # Largest N the kernel handles; None means no limit.
     max_n: ClassVar[int | None] = None
 
@@ -97,6 +99,9 @@ class NormKernel:
             return reason
         if spec.device not in self.devices:
             return f"{self.name} does not run on device '{spec.device}' (runs on {', '.join(self.devices)})"
+        if spec.dtype not in self.dtypes:
+            names = ", ".join(dtype_name(d) for d in self.dtypes)
+            return f"{self.name} does not support dtype {dtype_name(spec.dtype)} (supports {names})"
         if self.max_n is not None and spec.n > self.max_n:
             return f"N={spec.n} exceeds {self.name}'s limit of {self.max_n}"
         return None

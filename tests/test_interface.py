@@ -61,6 +61,15 @@ def test_kernel_beyond_its_capacity_raises_unsupported_case():
         Small("rms_norm")(torch.randn(2, 16))
 
 
+def test_kernel_without_a_dtype_raises_unsupported_case_naming_it():
+    class Bf16Only(Correct):
+        variant = "bf16only"
+        dtypes = (torch.bfloat16,)
+
+    with pytest.raises(UnsupportedCase, match="does not support dtype float32 \\(supports bfloat16\\)"):
+        Bf16Only("rms_norm")(torch.randn(2, 16))
+
+
 def test_registry_lists_builtins_and_refuses_unknown_names():
     registry.load_builtins()
     assert {"torch", "triton"} <= set(registry.backends())
