@@ -92,3 +92,22 @@ def test_unknown_backend_is_a_usage_error(tmp_path):
     proc = run_harness("--backend", "nosuch", "--report-dir", str(tmp_path))
     assert proc.returncode == 4
     assert "unknown backend nosuch" in proc.stderr
+
+
+def test_backend_that_cannot_load_is_skipped_with_its_reason(tmp_path):
+    """Without triton importable, its kernels still register, and every case is a skip that says
+    why: counted as skipped in the report, never passed, never dropped."""
+    args = [str(ROOT / "harness" / "test_differential.py"), "-q", "--backend", "triton",
+            "--report-dir", str(tmp_path), *FILTER]
+    code = f"import sys; sys.modules['triton'] = None; import pytest; sys.exit(pytest.main({args!r}))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "correctness.json").read_text())
+    records = doc["records"]
+    assert records and all(r["outcome"] == "skipped" for r in records)
+    assert all(r["reason"].startswith("triton not importable") for r in records)
+    assert {r["kernel"] for r in records} == {"triton.rowwise", "triton.looped"}
+    md = (tmp_path / "correctness.md").read_text()
+    assert f"**0 passed, 0 failed, {len(records)} skipped**" in md
+    assert "unavailable: triton not importable" in md
