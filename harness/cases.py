@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from impls.base import NormSpec, dtype_name
+from impls.base import NormSpec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
@@ -253,4 +253,4 @@ def case_from_id(case_id: str) -> Case:
     )
 
 
-__all__ = ["Case", "Inputs", "catalogue", "case_from_id", "make_inputs", "dtype_name"]
+__all__ = ["Case", "Inputs", "catalogue", "case_from_id", "make_inputs"]

@@ -1,0 +1,50 @@
+"""Guards: the poison is a NaN no arithmetic makes; unwritten elements and stray writes are found
+and located."""
+import pytest
+import torch
+
+from harness import guards
+from tests.planted import Correct
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_poison_is_a_nan_that_arithmetic_does_not_produce(dtype):
+    out, guarded = guards.guarded_outputs(Correct("rms_norm"), torch.empty(3, 5, dtype=dtype))
+    assert torch.isnan(out.y).all()
+    computed = (torch.zeros(4, dtype=dtype) / 0).view(guards._INT_VIEW[dtype.itemsize])
+    assert not (computed == guards.POISON_BITS[dtype]).any()
+
+
+def test_clean_write_has_no_findings_and_a_missed_element_is_located():
+    x = torch.randn(2, 3, 7)
+    out, guarded = guards.guarded_outputs(Correct("layer_norm"), x)
+    out.y.copy_(x)
+    out.mean.fill_(0)
+    out.rstd.fill_(1)
+    assert guards.inspect(guarded) == []
+    out.y[1, 2, 4] = float("nan")  # a computed NaN is a write, not poison
+    assert guards.inspect(guarded) == []
+    out.y[1, 2, 4:5].view(torch.int32).fill_(guards.POISON_BITS[torch.float32])  # as if never written
+    (finding,) = guards.inspect(guarded)
+    assert (finding.output, finding.kind, finding.count, finding.first) == ("y", "unwritten", 1, [1, 2, 4])
+
+
+def test_writes_between_rows_and_past_the_end_are_out_of_bounds():
+    x = torch.randn(4, 8)
+    out, guarded = guards.guarded_outputs(Correct("rms_norm"), x)
+    out.y.copy_(x)
+    out.rstd.fill_(1)
+    gap_column = out.y.as_strided((4, 9), (out.y.stride(0), 1))
+    gap_column[1, 8] = 0.0  # one past the end of row 1
+    out.rstd.as_strided((5,), (1,))[4] = 0.0  # one past the end of rstd
+    findings = {(f.output, f.kind): f for f in guards.inspect(guarded)}
+    assert findings[("y", "out-of-bounds write")].first == [1 * out.y.stride(0) + 8]
+    assert findings[("rstd", "out-of-bounds write")].first == [4]
+
+
+def test_inputs_written_by_a_kernel_are_found():
+    x = torch.randn(3, 4)
+    before = guards.snapshot_inputs({"x": x})
+    x[2, 1] = 0.5
+    (finding,) = guards.inputs_modified(before, {"x": x})
+    assert (finding.output, finding.kind, finding.first) == ("x", "input modified", [2, 1])
