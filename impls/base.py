@@ -121,7 +121,6 @@ class NormKernel:
         reason = self.unsupported(spec)
         if reason:
             raise UnsupportedCase(reason)
-        lead = x.shape[:-1]
         if out is None:
             out = self.allocate(x)
         else:
@@ -134,7 +133,6 @@ class NormKernel:
             rstd=None if out.rstd is None else out.rstd.view(-1),
         )
         self._forward(x2, weight, bias, float(eps), out2)
-        assert out.y.shape == x.shape and (out.mean is None or out.mean.shape == lead)
         return out
 
     def allocate(self, x: torch.Tensor) -> NormOutputs:
