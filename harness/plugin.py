@@ -116,6 +116,10 @@ class HarnessState:
                 rec.update(case=case.id, dtype=case.dtype, tags=list(case.tags))
             self.records[item.nodeid] = rec
 
+    def pytest_deselected(self, items):  # -k, -m: not part of this run
+        for item in items:
+            self.records.pop(item.nodeid, None)
+
     # Registered as a plugin object, so pytest calls it with every test's phases.
     def pytest_runtest_logreport(self, report):
         if report.when != "call" and report.passed:

@@ -111,3 +111,13 @@ def test_backend_that_cannot_load_is_skipped_with_its_reason(tmp_path):
     md = (tmp_path / "correctness.md").read_text()
     assert f"**0 passed, 0 failed, {len(records)} skipped**" in md
     assert "unavailable: triton not importable" in md
+
+
+def test_deselected_checks_are_not_counted(tmp_path):
+    proc = run_harness("--backend-file", str(ROOT / "examples" / "outside_backend.py"), "--backend", "mynorm",
+                       "--report-dir", str(tmp_path), "-k", "4000", *FILTER)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "correctness.json").read_text())
+    assert doc["records"] and all("4000" in r["nodeid"] and r["outcome"] == "passed" for r in doc["records"])
+    assert doc["progress"] == {"final": True, "ran": len(doc["records"]), "collected": len(doc["records"])}
+    assert "Incomplete" not in (tmp_path / "correctness.md").read_text()
