@@ -139,17 +139,20 @@ def row_scale(op: str, ref_mean, ref_rstd, weight) -> torch.Tensor:
     return (wmax * cond).unsqueeze(-1)
 
 
+def y_floor(op: str, ref, x_dtype: torch.dtype, weight) -> torch.Tensor:
+    """The absolute part of y's allowance: FLOOR[dtype] * scale_row, shape (..., 1)."""
+    return Y_FLOOR[x_dtype] * row_scale(op, ref.mean, ref.rstd, weight)
+
+
 def y_allowance(op: str, ref, x_dtype: torch.dtype, weight) -> torch.Tensor:
     """The error allowed in each element of y (float64, y's shape)."""
-    floor = Y_FLOOR[x_dtype] * row_scale(op, ref.mean, ref.rstd, weight)
-    return Y_ULPS[x_dtype] * ulp(ref.y, x_dtype) + floor
+    return Y_ULPS[x_dtype] * ulp(ref.y, x_dtype) + y_floor(op, ref, x_dtype, weight)
 
 
 def compare_outputs(op: str, outputs, ref, x_dtype: torch.dtype, stat_dtype: torch.dtype, weight) -> list[ErrorStats]:
     """Every output the kernel produced, each against the oracle with its own tolerance."""
-    scale = row_scale(op, ref.mean, ref.rstd, weight)
     cond = row_scale(op, ref.mean, ref.rstd, None).squeeze(-1)
-    stats = [compare("y", outputs.y, ref.y, x_dtype, Y_FLOOR[x_dtype] * scale, Y_ULPS[x_dtype])]
+    stats = [compare("y", outputs.y, ref.y, x_dtype, y_floor(op, ref, x_dtype, weight), Y_ULPS[x_dtype])]
     for name in ("mean", "rstd"):
         got, want = getattr(outputs, name), getattr(ref, name)
         if got is None or want is None:

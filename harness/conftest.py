@@ -1,3 +1,2 @@
 """Activates the normdiff plugin for ``pytest harness``."""
 from harness.plugin import *  # noqa: F401,F403  (pytest collects the hooks from this module)
-from harness.plugin import harness_state  # noqa: F401  (the fixture)
