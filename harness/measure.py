@@ -1,12 +1,9 @@
-"""A first speed measurement on the GPU: GB/s and % of a device-to-device copy measured in the
-same run. (The pytest-benchmark suite builds on the same timing and byte counts.)
+"""A quick speed measurement on the GPU outside pytest: GB/s and % of a device-to-device copy
+measured in the same run, timed exactly as the benchmark suite times (``harness.timing``).
 
     python -m harness.measure --backend triton --dtype bfloat16 --shapes 16384x4096,16384x4000,32768x1024
 
-Timing: CUDA events around each call, the L2 cache flushed before every timed call (outside the
-events) and the GPU held busy briefly after it so the host's launch cost stays out of the events,
-warm-up calls first so compilation never lands in a timed call, the median reported. The kernel's
-``_forward`` is timed on prepared rows: the interface's validation is host work, not kernel time.
+For the full comparison of every backend, with the report and plots: ``pytest --benchmark-only``.
 """
 from __future__ import annotations
 
@@ -17,53 +14,44 @@ import time
 
 import torch
 
+from harness import timing
 from harness.cases import DTYPES
 from impls import registry
-from impls.base import UnsupportedCase
+from impls.base import UnsupportedCase, spec_of
 
-L2_FLUSH_BYTES = 256 * 2**20  # several times the H200's 60 MB L2
+_TOOLS: list[timing.GpuTools] = []
+
+
+def _gpu() -> timing.GpuTools:
+    if not _TOOLS:
+        _TOOLS.append(timing.GpuTools())
+    return _TOOLS[0]
 
 
 def gpu_time_ms(fn, reps: int = 50, warmup: int = 5) -> float:
-    """Median time of ``fn()`` in milliseconds, cold L2, by CUDA events."""
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        torch.cuda._sleep(50_000)  # about 25 us of GPU time: the host enqueues fn meanwhile
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median time of ``fn()`` in milliseconds: CUDA events, cold L2, launch latency hidden."""
+    timer = timing.EventTimer(fn, _gpu(), clock=timing.KernelClock())
+    return statistics.median(timer.run(reps, warmup)) * 1e3
 
 
-def copy_ceiling_gbps(nbytes: int = 2 * 2**30) -> float:
+def copy_ceiling_gbps(nbytes: int = timing.COPY_BYTES["cuda"]) -> float:
     """Device-to-device copy bandwidth, bytes read plus bytes written."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = gpu_time_ms(lambda: dst.copy_(src), reps=20)
-    return 2 * nbytes / ms / 1e6
+    return timing.copy_ceiling_gbps("cuda", _gpu(), nbytes=nbytes)[0]
 
 
 def bytes_moved(op: str, m: int, n: int, dtype: torch.dtype, has_weight: bool, has_bias: bool, stats: int) -> int:
     """Fewest bytes the op must move: read x and the parameters, write y and the statistics."""
-    s = dtype.itemsize
-    return 2 * m * n * s + (has_weight + has_bias) * n * s + stats * m * 4
+    return timing.bytes_moved(m, n, dtype, has_weight, has_bias, stats)
 
 
 def measure(kernel, m: int, n: int, dtype: torch.dtype) -> dict:
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w = torch.randn(n, device="cuda", dtype=dtype)
     b = torch.randn(n, device="cuda", dtype=dtype) if kernel.op == "layer_norm" else None
+    kernel.prepare(spec_of(kernel.op, x, "cuda", w, b))
     out = kernel(x, w, b, 1e-6)  # validates once, compiles, and gives the output buffers
-    ms = gpu_time_ms(lambda: kernel._forward(x, w, b, 1e-6, out))
-    nbytes = bytes_moved(kernel.op, m, n, dtype, True, b is not None, len(kernel.outputs) - 1)
+    ms = gpu_time_ms(kernel.bench_callable(x, w, b, 1e-6, out))
+    nbytes = bytes_moved(kernel.op, m, n, dtype, True, b is not None, len({"mean", "rstd"} & set(kernel.outputs)))
     return {"op": kernel.op, "kernel": kernel.name, "shape": f"{m}x{n}", "dtype": str(dtype).removeprefix("torch."),
             "ms": ms, "gbps": nbytes / ms / 1e6}
 

@@ -52,6 +52,8 @@ class HarnessState:
     oracle: OracleCache = field(default_factory=OracleCache)
     # Agreement: (op, dtype, kernel_a, kernel_b) -> [max difference in allowed errors, cases, worst case]
     agreement: dict[tuple[str, str, str, str], list] = field(default_factory=dict)
+    # Kernels compiled without being run (compile-only checks), for the report's compiled section.
+    compiled: list[dict] = field(default_factory=list)
     config: pytest.Config | None = None
     _last_case: str | None = None
     _last_outputs: dict = field(default_factory=dict)
@@ -64,12 +66,16 @@ class HarnessState:
         config = self.config
         if not self.records or config.getoption("no_report"):
             return
+        # A benchmark run skips every check: its report would say nothing and replace a real one.
+        if config.getoption("benchmark_only", False) or not any("outcome" in r for r in self.records.values()):
+            return
         from harness.report import build_document, write_report
 
         ran = sum(1 for r in self.records.values() if "outcome" in r)
         doc = build_document(
             records=self.records,
             agreement=self.agreement,
+            compiled=self.compiled,
             backends=backend_status(self.kernels),
             selection=self.selection,
             environment=environment(),

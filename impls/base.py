@@ -148,6 +148,20 @@ class NormKernel:
         """Write the outputs for 2-D rows ``x`` (M, N), stride(1) == 1, into ``out``."""
         raise NotImplementedError
 
+    # -- benchmarking -----------------------------------------------------------------------
+    def prepare(self, spec: NormSpec) -> None:
+        """Compile or autotune for ``spec`` ahead of a timed run; the benchmark calls it first."""
+
+    def bench_unavailable(self) -> str | None:
+        """None when timing this kernel here measures the kernel; else why not (an interpreter)."""
+        return None
+
+    def bench_callable(self, x: torch.Tensor, weight, bias, eps: float, out: NormOutputs):
+        """A zero-argument callable that runs the kernel once on prepared 2-D rows, as the benchmark
+        times it. Override where ``_forward`` does work the kernel itself does not (a copy into the
+        caller's buffers)."""
+        return lambda: self._forward(x, weight, bias, eps, out)
+
 
 # -- validation ---------------------------------------------------------------------------------
 def validate_inputs(op: str, x, weight, bias, eps) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from impls.base import NormKernel
 
-BUILTIN_MODULES = ("impls.torch_eager", "impls.triton")
+BUILTIN_MODULES = ("impls.torch_eager", "impls.torch_compile", "impls.triton", "impls.tilelang", "impls.apex")
 ENTRY_POINT_GROUP = "normdiff.backends"
 
 _KERNELS: dict[tuple[str, str, str], NormKernel] = {}  # (backend, variant, op) -> kernel

@@ -65,3 +65,19 @@ def test_written_atomically_and_regenerated_from_json(tmp_path, monkeypatch):
     out = tmp_path / "again.md"
     subprocess.run([sys.executable, "-m", "harness.report", str(json_path), "-o", str(out)], check=True, cwd=ROOT)
     assert out.read_text() == first
+
+
+def test_compiled_only_kernels_are_listed_apart_and_never_passed():
+    doc = _doc()
+    entry = {"backend": "tilelang", "kernel": "tilelang.fragment", "dtype": "bfloat16", "n": 4000, "affine": "weight",
+             "vec": 8, "threads": 256, "seconds": 1.2, "executed": False, "arch": "sm_90", "registers": 34,
+             "smem_static": 0, "smem_dynamic": 1024, "spill_stores": 0, "spill_loads": 0, "stack": 0,
+             "sass_arch": "sm_90"}
+    doc["compiled"] = [entry]
+    md = report.render_markdown(doc)
+    assert "## tilelang on sm_90: compiled, not executed" in md
+    assert "| tilelang.fragment | bfloat16 | 4000 | weight | 8 | 256 | 34 | 0 + 1024 | 0 / 0 | sm_90 | 1.2 |" in md
+    assert "**1 passed, 1 failed, 1 skipped** (3 checks)" in md  # compiling counts as no check at all
+    doc["compiled"] = [{**entry, "executed": True}]
+    assert "## tilelang on sm_90: compiled\n" in report.render_markdown(doc)
+    assert "compiled, not executed" not in report.render_markdown({**doc, "compiled": []})

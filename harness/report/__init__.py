@@ -12,13 +12,13 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-SCHEMA = 2  # 2: agreement in allowed errors (max_diff); 1: in ulps (max_ulp)
+SCHEMA = 3  # 3: optional "compiled" (kernels compiled, maybe not run); 2: agreement in allowed errors; 1: in ulps
 # Two kernels whose y differ by more than one allowed error (each may err by one, in opposite
 # directions) get a line of their own: they compute differently enough to look at.
 DISAGREE = 1.0
 
 
-def build_document(*, records, agreement, backends, selection, environment, command, elapsed) -> dict:
+def build_document(*, records, agreement, backends, selection, environment, command, elapsed, compiled=()) -> dict:
     rows = []
     for nodeid, rec in records.items():
         rows.append({"nodeid": nodeid, **rec})
@@ -34,6 +34,9 @@ def build_document(*, records, agreement, backends, selection, environment, comm
             {"op": op, "dtype": dt, "a": a, "b": b, "max_diff": d, "cases": n, "worst_case": worst}
             for (op, dt, a, b), (d, n, worst) in sorted(agreement.items())
         ],
+        # Kernels compiled for a target without running (e.g. TileLang for sm_90 on a CPU
+        # machine), with what the compiler reports per kernel: see render_compiled.
+        "compiled": list(compiled),
     }
 
 
@@ -90,6 +93,33 @@ def repro_command(doc: dict, rec: dict) -> str:
     return " ".join(parts)
 
 
+def render_compiled(compiled) -> list[str]:
+    """One section per (backend, arch): what each compiled kernel costs on chip. A kernel that
+    was only compiled is said to be so; it never counts as passed."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for c in compiled:
+        groups[(c.get("backend", "-"), c.get("arch", "-"), bool(c.get("executed")))].append(c)
+    lines: list[str] = []
+    for (backend, arch, executed), rows in sorted(groups.items()):
+        title = f"{backend} on {arch}: compiled" + ("" if executed else ", not executed")
+        lines += ["", f"## {title}", ""]
+        if executed:
+            lines.append("Compiled here for this device; the executed results are the differential checks above.")
+        else:
+            lines.append("Compiled for this target without a device to run on: these kernels are neither passed "
+                         "nor failed here. Numbers from ptxas (-v); shared memory is static + dynamic bytes per block.")
+        lines.append("")
+        lines += _table(
+            ["kernel", "dtype", "N", "affine", "vec", "threads", "regs/thread", "smem/block (B)", "spill st/ld (B)",
+             "SASS", "compile s"],
+            [[c["kernel"], c["dtype"], c["n"], c.get("affine", "-"), c.get("vec", "-"), c.get("threads", "-"),
+              c.get("registers"), f"{c.get('smem_static', 0)} + {_fmt(c.get('smem_dynamic'))}",
+              f"{c.get('spill_stores', 0)} / {c.get('spill_loads', 0)}", c.get("sass_arch") or "-",
+              _fmt(c.get("seconds"), 2)] for c in sorted(rows, key=lambda c: (c["kernel"], c["dtype"], c["n"], str(c.get("affine"))))],
+        )
+    return lines
+
+
 def render_markdown(doc: dict) -> str:
     env, records = doc["environment"], doc["records"]
     lines = ["# normdiff correctness report", ""]
@@ -134,6 +164,8 @@ def render_markdown(doc: dict) -> str:
         lines += _table(["kernel", "reason", "count"], [
             [k, reason.replace("|", "\\|"), n] for k, reasons in sorted(skips.items()) for reason, n in reasons.most_common()
         ])
+
+    lines += render_compiled(doc.get("compiled") or ())
 
     failures = [r for r in records if r.get("outcome") == "failed"]
     lines += ["", f"## Failures ({len(failures)})", ""]

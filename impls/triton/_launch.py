@@ -134,6 +134,11 @@ class TritonKernel(NormKernel):
     def note(self) -> str:
         return note()
 
+    def bench_unavailable(self) -> str | None:
+        if state().interpreted:
+            return "triton runs under its interpreter on this machine: not a timing"
+        return None
+
     def config(self, n: int, dtype: torch.dtype) -> LaunchConfig:
         return launch_config(n, dtype, looped=self.variant == "looped")
 

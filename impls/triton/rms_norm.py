@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from impls.base import NormOutputs
 from impls.registry import register
-from impls.triton._launch import ROWWISE_MAX_N, TritonKernel
+from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, TritonKernel
 
 
 class _TritonRMSNorm(TritonKernel):
@@ -11,9 +11,9 @@ class _TritonRMSNorm(TritonKernel):
     outputs = ("y", "rstd")
     _kernel_name: str
 
-    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+    def _forward(self, x, weight, bias, eps, out: NormOutputs, cfg: LaunchConfig | None = None) -> None:
         m, n = x.shape
-        cfg = self.config(n, x.dtype)
+        cfg = cfg or self.config(n, x.dtype)  # an explicit cfg: tools/triton_sweep.py
         w = weight if weight is not None else x  # never read when HAS_WEIGHT is off
         self.launch(
             self._kernel_name, x, cfg,

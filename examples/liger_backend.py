@@ -1,0 +1,131 @@
+"""Liger-Kernel (``pip install liger-kernel==0.8.5``) as an outside backend, loaded with
+
+    pytest harness --backend-file examples/liger_backend.py --backend liger
+
+It registers backend "liger": RMSNorm through liger_kernel.ops.rms_norm.rms_norm_forward and
+LayerNorm through liger_kernel.ops.layer_norm.layer_norm_forward, the functions Liger's autograd
+Functions call, with Liger's own launch choices. liger_kernel is imported on first use, so this
+file loads, and its kernels register (skipped with the reason), where Liger is missing.
+
+What the 0.8.5 functions return, and how it is normalised here:
+- rms_norm_forward(X, W, eps, offset, casting_mode, row_mode) -> (Y, X, RSTD, BLOCK_SIZE,
+  num_warps, casting_mode); RSTD has shape (M,), float32 in the "llama" and "gemma" casting
+  modes, x's dtype in "none".
+- layer_norm_forward(X, W, B, eps) -> (Y, X, Mean, RSTD, BLOCK_SIZE, num_warps); Mean and RSTD
+  have shape (M,) and are float32.
+Both read rows through X's row stride, so strided rows run as they are.
+
+RMSNorm casting mode: "gemma" with offset 0, which computes x * rstd * w in float32 and rounds y
+once, the plain RMSNorm the oracle defines. Liger's default "llama" mode rounds x * rstd to x's
+dtype before the weight multiply (Hugging Face Llama's order); in float16 and bfloat16 that second
+rounding exceeds the one-ulp tolerance by design, so it would test the mode, not the kernel.
+For float32 input the two modes are the same computation.
+
+Declared limits (Liger 0.8.5):
+- N <= 65536: calculate_settings refuses a block (next power of two >= N) above 65536 elements.
+- LayerNorm needs weight and bias: layer_norm_forward reads both unconditionally.
+- CUDA only: Triton's interpreter cannot run these kernels (they call ``eps.to(...)`` on a scalar
+  argument, which the interpreter passes as a Python float).
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from impls.base import NormKernel, NormOutputs, NormSpec
+from impls.registry import register
+
+LIGER_VERSION = "0.8.5"
+MAX_N = 65536  # liger_kernel.ops.utils.calculate_settings: MAX_FUSED_SIZE
+_STATE: dict[str, object] = {}
+
+
+def _ops():
+    """(rms_norm module, layer_norm module), or None with the reason in _STATE."""
+    if "ops" not in _STATE and "reason" not in _STATE:
+        try:
+            _STATE["ops"] = (importlib.import_module("liger_kernel.ops.rms_norm"),
+                             importlib.import_module("liger_kernel.ops.layer_norm"))
+        except Exception as exc:  # missing, or its triton/torch cannot load it
+            reason = f"liger_kernel not importable: pip install liger-kernel=={LIGER_VERSION}"
+            if not isinstance(exc, ModuleNotFoundError):
+                reason += f" [{type(exc).__name__}: {str(exc).strip()[:200]}]"
+            _STATE["reason"] = reason
+    return _STATE.get("ops")
+
+
+def availability() -> str | None:
+    if _ops() is None:
+        return str(_STATE["reason"])
+    try:
+        if not torch.cuda.is_available():
+            return "liger needs a CUDA device (its Triton kernels do not run under Triton's interpreter)"
+    except Exception as exc:  # a broken CUDA install means no GPU for us
+        return f"no usable CUDA device: {type(exc).__name__}: {exc}"
+    return None
+
+
+class _Liger(NormKernel):
+    backend = "liger"
+    variant = "float32"
+    devices = ("cuda",)
+    max_n = MAX_N
+
+    def availability(self) -> str | None:
+        return availability()
+
+    def note(self) -> str:
+        import importlib.metadata as md
+
+        try:
+            version = md.version("liger-kernel")
+        except md.PackageNotFoundError:
+            version = "not installed"
+        return f"liger-kernel {version} (written for {LIGER_VERSION}); RMSNorm casting_mode='gemma', offset=0"
+
+    def _call(self, x, weight, bias, eps):
+        raise NotImplementedError
+
+    def bench_callable(self, x, weight, bias, eps, out):
+        # Liger allocates its outputs; copying into the caller's buffers is not its work.
+        return lambda: self._call(x, weight, bias, eps)
+
+
+@register
+class LigerRMSNorm(_Liger):
+    op = "rms_norm"
+    outputs = ("y", "rstd")
+
+    def _call(self, x, weight, bias, eps):
+        rms, _ = _ops()
+        return rms.rms_norm_forward(x, weight, eps, 0.0, "gemma", None)
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+        y, _, rstd, *_ = self._call(x, weight, bias, eps)
+        out.y.copy_(y.view(out.y.shape))
+        out.rstd.copy_(rstd.reshape(-1))  # float32 in this casting mode; copy_ converts otherwise
+
+
+@register
+class LigerLayerNorm(_Liger):
+    op = "layer_norm"
+    outputs = ("y", "mean", "rstd")
+
+    def unsupported(self, spec: NormSpec) -> str | None:
+        reason = super().unsupported(spec)
+        if reason:
+            return reason
+        if not (spec.has_weight and spec.has_bias):
+            return "liger's layer_norm_forward needs both weight and bias"
+        return None
+
+    def _call(self, x, weight, bias, eps):
+        _, ln = _ops()
+        return ln.layer_norm_forward(x, weight, bias, eps)
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+        y, _, mean, rstd, *_ = self._call(x, weight, bias, eps)
+        out.y.copy_(y.view(out.y.shape))
+        out.mean.copy_(mean.reshape(-1))
+        out.rstd.copy_(rstd.reshape(-1))

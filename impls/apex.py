@@ -1,0 +1,140 @@
+"""NVIDIA apex's fused LayerNorm and RMSNorm CUDA kernels, through the entry points of its
+``fused_layer_norm_cuda`` extension.
+
+Only those entry points are called, never apex's Python modules (FusedLayerNorm, FusedRMSNorm):
+they fall back silently to PyTorch math on CPU tensors and under compilation, and that fallback
+must never be tested or timed under apex's name. The extension is imported on first use, so this
+module imports, and its kernels register (skipped with the reason), where apex is missing.
+
+Entry points (csrc/layer_norm_cuda.cpp), each returning fresh tensors:
+  forward(x, normalized_shape, eps)                        -> [y, mean, invvar]
+  forward_affine(x, normalized_shape, weight, bias, eps)   -> [y, mean, invvar]
+  rms_forward(x, normalized_shape, eps)                    -> [y, invvar]
+  rms_forward_affine(x, normalized_shape, weight, eps)     -> [y, invvar]
+invvar is rstd; mean and invvar have shape (M,) and dtype float32 for float32, float16 and
+bfloat16 input. Declared limits, from that source:
+- x must be contiguous: rows with a stride are copied first, as apex's own modules do.
+- LayerNorm takes weight and bias together or neither: there is no weight-only entry point
+  (forward_affine requires a bias tensor, and the kernel treats a weight without a bias as no
+  affine at all). A zero bias would run the same kernel, but it is not what a caller of apex
+  gets for a weight-only LayerNorm, so weight-only cases are skipped with the reason.
+- Element offsets are 32-bit ints (``i1 * n2``), so M * N must stay below 2**31.
+- weight and bias have x's dtype (the non-mixed entry points read them as the output type).
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from impls.base import NormKernel, NormOutputs, NormSpec
+from impls.registry import register
+
+EXTENSION = "fused_layer_norm_cuda"
+MAX_ELEMENTS = 2**31 - 1  # the kernels index elements with int
+_STATE: dict[str, object] = {}  # "module" or "reason", filled on first use
+
+
+def _load():
+    """The extension module, or None with the reason in _STATE."""
+    if "module" not in _STATE and "reason" not in _STATE:
+        try:
+            _STATE["module"] = importlib.import_module(EXTENSION)
+        except Exception as exc:  # not built, or built against another torch: either way unusable
+            reason = f"{EXTENSION} not importable (apex built without its CUDA extensions): see README"
+            if not isinstance(exc, ModuleNotFoundError):
+                reason += f" [{type(exc).__name__}: {str(exc).strip()[:200]}]"
+            _STATE["reason"] = reason
+    return _STATE.get("module")
+
+
+def availability() -> str | None:
+    if _load() is None:
+        return str(_STATE["reason"])
+    try:
+        if not torch.cuda.is_available():
+            return f"{EXTENSION} imports but no CUDA device is present (apex's kernels run only on CUDA)"
+    except Exception as exc:  # a broken CUDA install means no GPU for us
+        return f"no usable CUDA device: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _version() -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version("apex")
+    except md.PackageNotFoundError:
+        return "version unknown"
+
+
+class _Apex(NormKernel):
+    backend = "apex"
+    variant = "fused"
+    devices = ("cuda",)
+
+    def availability(self) -> str | None:
+        return availability()
+
+    def note(self) -> str:
+        return f"apex {_version()}, {EXTENSION} entry points; rows with a stride are copied to contiguous first"
+
+    def unsupported(self, spec: NormSpec) -> str | None:
+        reason = super().unsupported(spec)
+        if reason:
+            return reason
+        if spec.rows * spec.n > MAX_ELEMENTS:
+            return f"M*N={spec.rows * spec.n} exceeds apex's 32-bit element indexing (at most {MAX_ELEMENTS})"
+        return None
+
+    def _call(self, x, weight, bias, eps):
+        raise NotImplementedError
+
+    def bench_callable(self, x, weight, bias, eps, out):
+        # The entry points allocate their outputs; copying into the caller's buffers is not their work.
+        x = x.contiguous()
+        return lambda: self._call(x, weight, bias, eps)
+
+
+@register
+class ApexRMSNorm(_Apex):
+    op = "rms_norm"
+    outputs = ("y", "rstd")
+
+    def _call(self, x, weight, bias, eps):
+        ext = _load()
+        if weight is None:
+            return ext.rms_forward(x, [x.shape[-1]], eps)
+        return ext.rms_forward_affine(x, [x.shape[-1]], weight, eps)
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+        y, invvar = self._call(x.contiguous(), weight, bias, eps)
+        out.y.copy_(y)
+        out.rstd.copy_(invvar.reshape(-1))
+
+
+@register
+class ApexLayerNorm(_Apex):
+    op = "layer_norm"
+    outputs = ("y", "mean", "rstd")
+
+    def unsupported(self, spec: NormSpec) -> str | None:
+        reason = super().unsupported(spec)
+        if reason:
+            return reason
+        if spec.has_weight != spec.has_bias:
+            return ("apex's LayerNorm takes weight and bias together or neither "
+                    "(no weight-only entry point in fused_layer_norm_cuda)")
+        return None
+
+    def _call(self, x, weight, bias, eps):
+        ext = _load()
+        if weight is None:
+            return ext.forward(x, [x.shape[-1]], eps)
+        return ext.forward_affine(x, [x.shape[-1]], weight, bias, eps)
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+        y, mean, invvar = self._call(x.contiguous(), weight, bias, eps)
+        out.y.copy_(y)
+        out.mean.copy_(mean.reshape(-1))
+        out.rstd.copy_(invvar.reshape(-1))

@@ -1,0 +1,101 @@
+"""What the four TileLang kernels share: availability, capacity, planning and the launch."""
+from __future__ import annotations
+
+import torch
+
+from impls.base import NormKernel, NormOutputs, NormSpec
+from impls.tilelang import _compile
+from impls.tilelang._plan import Plan, choose_vec, make_plan, max_vec
+
+# TileLang binds the flat buffers' lengths as int32.
+MAX_SPAN = 2**31 - 1
+
+_DUMMIES: dict[tuple, torch.Tensor] = {}
+
+
+def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element stand-in for an absent weight or bias (the kernel never reads it)."""
+    key = (str(device), dtype)
+    if key not in _DUMMIES:
+        _DUMMIES[key] = torch.zeros(1, dtype=dtype, device=device)
+    return _DUMMIES[key]
+
+
+def _align_offset(t: torch.Tensor | None) -> int:
+    """Elements from t's start back to the previous 16-byte boundary."""
+    return 0 if t is None else (t.data_ptr() % 16) // t.element_size()
+
+
+class TileLangKernel(NormKernel):
+    backend = "tilelang"
+    devices = ("cuda",)
+    # Set by the subclasses: the largest N by capacity, and which kernel takes longer rows.
+    capacity: str = ""  # "register" or "" (no structural limit)
+    longer_rows_by: str | None = None
+
+    def availability(self) -> str | None:
+        return _compile.availability()
+
+    def note(self) -> str:
+        tl, why = _compile.tilelang_module()
+        if tl is None:
+            return why or ""
+        if _compile.cuda_present():
+            return f"tilelang {_compile.version()} on {torch.cuda.get_device_name()}"
+        return f"tilelang {_compile.version()}: {_compile.NOT_EXECUTED}"
+
+    def unsupported(self, spec: NormSpec) -> str | None:
+        if self.max_n is not None and spec.n > self.max_n:  # true on any machine, so said first
+            where = f"; {self.longer_rows_by} covers it" if self.longer_rows_by else ""
+            return f"N={spec.n} exceeds {self.name}'s {self.capacity} capacity (max {self.max_n}){where}"
+        reason = super().unsupported(spec)
+        if reason:
+            return reason
+        span = max(0, spec.rows - 1) * spec.row_stride + spec.n
+        if span > MAX_SPAN:
+            return f"{self.name}: x spans {span} elements; TileLang binds buffer lengths as int32 (max {MAX_SPAN})"
+        return None
+
+    # -- planning and compiling ----------------------------------------------------------
+    def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int) -> Plan:
+        return make_plan(self.variant, dtype, n, has_weight, has_bias, vec)
+
+    def prepare(self, spec: NormSpec) -> None:
+        """Compile (or load from TileLang's disk cache) the kernel ``spec`` will run, so that no
+        compilation happens inside a timed region. Assumes 16-byte aligned tensors and a y
+        whose row stride is N or differs from it by a multiple of 16 elements (as the
+        harness's guarded outputs do); other layouts may need one more compilation at the
+        first call."""
+        strides = (spec.row_stride, spec.n) if spec.rows > 1 else ()
+        vec = choose_vec(spec.dtype, spec.n, strides)
+        _compile.compile_plan(self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec))
+
+    def _launch_plan(self, x: torch.Tensor, y: torch.Tensor, *params) -> Plan:
+        m, n = x.shape
+        strides = (x.stride(0), y.stride(0)) if m > 1 else ()
+        vec = choose_vec(x.dtype, n, strides, tuple(_align_offset(t) for t in (x, y, *params)))
+        assert vec <= max_vec(x.dtype)
+        weight, bias = (params + (None, None))[:2]
+        return self.plan_for(x.dtype, n, weight is not None, bias is not None, vec)
+
+    @staticmethod
+    def _flat(t: torch.Tensor) -> torch.Tensor:
+        m, n = t.shape
+        return t.as_strided(((m - 1) * t.stride(0) + n,), (1,))
+
+    def _run(self, plan: Plan, x: torch.Tensor, weight, bias, eps: float, out: NormOutputs, with_bias: bool) -> None:
+        compiled = _compile.compile_plan(plan)
+        m = x.shape[0]
+        vec = plan.vec
+        sxv = x.stride(0) // vec if m > 1 else 0
+        syv = out.y.stride(0) // vec if m > 1 else 0
+        w = weight if weight is not None else _dummy(x.device, x.dtype)
+        args = [self._flat(x), w]
+        if with_bias:
+            args.append(bias if bias is not None else _dummy(x.device, x.dtype))
+        args.append(self._flat(out.y))
+        if with_bias:
+            args.append(out.mean)
+        args += [out.rstd, sxv, syv, float(eps)]
+        with torch.cuda.device(x.device):
+            compiled.kernel(*args)

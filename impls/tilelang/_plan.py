@@ -1,0 +1,88 @@
+"""Launch plans of the TileLang kernels: threads, rows per block, vector width and padding,
+from (variant, dtype, N, affine flags, vector width) alone. Plain Python: no tilelang import.
+
+One plan is one compilation (the key of both caches); M and the row strides are runtime values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from impls.base import dtype_name
+
+# float32 values of the row each thread may hold in registers (fragment, layer_norm_fwd):
+# 64 at 512 threads puts 32768 columns in one block; ptxas for sm_90 keeps that spill-free.
+FRAGMENT_MAX_N = 32768
+MAX_THREADS = 512
+MIN_BLOCK_THREADS = 128  # short rows share a block up to this many threads
+# splitk: vectors each thread loads per segment; blk_k = threads x vec x this.
+SPLITK_VECTORS = 4
+SPLITK_THREADS = 256
+NAIVE_THREADS = 256
+VECTOR_BYTES = 16  # one 128-bit load or store
+
+
+@dataclass(frozen=True)
+class Plan:
+    variant: str
+    dtype: str  # "float32", "float16", "bfloat16"
+    n: int
+    has_weight: bool
+    has_bias: bool
+    vec: int  # elements per vector access; divides N and both row strides
+    threads_per_row: int
+    rows_per_block: int
+    padded: int  # columns of the fragment (whole row, padded) or of one splitk segment
+
+    @property
+    def threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+    @property
+    def key(self) -> tuple:
+        return (self.variant, self.dtype, self.n, self.has_weight, self.has_bias, self.vec)
+
+    def describe(self) -> str:
+        affine = "+".join(n for n, on in (("weight", self.has_weight), ("bias", self.has_bias)) if on) or "no affine"
+        return (f"tilelang.{self.variant} {self.dtype} N={self.n} ({affine}; vec {self.vec}, "
+                f"{self.threads} threads, {self.rows_per_block} row(s)/block, {self.padded} columns)")
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def max_vec(dtype: torch.dtype) -> int:
+    return VECTOR_BYTES // dtype.itemsize
+
+
+def choose_vec(dtype: torch.dtype, n: int, strides: tuple[int, ...] = (), offsets: tuple[int, ...] = ()) -> int:
+    """Widest vector (in elements) that divides N, every row stride and every pointer offset
+    (in elements from a 16-byte boundary): then every vector access is aligned."""
+    vec = max_vec(dtype)
+    while vec > 1 and (n % vec or any(s % vec for s in strides) or any(o % vec for o in offsets)):
+        vec //= 2
+    return vec
+
+
+def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int) -> Plan:
+    dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    if variant == "naive_row_per_block":
+        # Scalar accesses; one row per block.
+        return Plan(variant, dt, n, has_weight, has_bias, 1, NAIVE_THREADS, 1, NAIVE_THREADS)
+    if variant == "splitk":
+        tpr = SPLITK_THREADS
+        seg = tpr * vec * SPLITK_VECTORS
+        # Short rows need not pay for a segment much longer than the row.
+        while seg // 2 >= n and seg // 2 >= tpr * vec:
+            seg //= 2
+        return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, 1, seg)
+    if variant in ("fragment", "layer_norm_fwd"):
+        vectors = -(-n // vec)
+        # About two vectors per thread, 32..512 threads per row.
+        tpr = min(MAX_THREADS, max(32, _pow2_at_least(-(-vectors // 2))))
+        rows = max(1, MIN_BLOCK_THREADS // tpr)
+        padded = -(-n // (tpr * vec)) * (tpr * vec)
+        return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, padded)
+    raise ValueError(f"unknown tilelang variant {variant!r}")

@@ -1,0 +1,57 @@
+"""Print a TileLang kernel's generated CUDA source (and optionally its ptxas report).
+
+    python -m impls.tilelang.source --variant fragment --dtype bfloat16 --n 4000 [--no-weight]
+        [--bias] [--vec 8] [--arch sm_90] [--ptxas]
+
+Compiles for the given arch (default: the GPU here, else sm_90); needs tilelang, and nvcc for
+--ptxas. The vector width defaults to the widest the dtype and N allow (contiguous rows).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from impls.base import SUPPORTED_DTYPES, dtype_name
+
+
+def main(argv: list[str] | None = None) -> int:
+    from impls.tilelang import VARIANTS
+    from impls.tilelang import _compile
+    from impls.tilelang._plan import choose_vec, make_plan
+
+    dtypes = {dtype_name(d): d for d in SUPPORTED_DTYPES}
+    p = argparse.ArgumentParser(prog="python -m impls.tilelang.source", description=__doc__.splitlines()[0])
+    p.add_argument("--variant", required=True, choices=VARIANTS)
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(dtypes))
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--no-weight", action="store_true", help="compile the specialization without weight")
+    p.add_argument("--bias", action="store_true", help="layer_norm_fwd: with bias (needs the weight)")
+    p.add_argument("--vec", type=int, default=None, help="vector width in elements (default: widest possible)")
+    p.add_argument("--arch", default=None, help="e.g. sm_90 (default: the GPU here, else sm_90)")
+    p.add_argument("--ptxas", action="store_true", help="also print registers, shared memory and spills")
+    p.add_argument("--plan", action="store_true", help="also print the launch plan")
+    a = p.parse_args(argv)
+    if a.n < 1:
+        p.error("--n must be at least 1")
+    has_bias = a.bias and a.variant == "layer_norm_fwd"
+    dtype = dtypes[a.dtype]
+    vec = a.vec or choose_vec(dtype, a.n)
+    plan = make_plan(a.variant, dtype, a.n, not a.no_weight, has_bias, vec)
+    target = {"kind": "cuda", "arch": a.arch} if a.arch else None
+    try:
+        compiled = _compile.compile_plan(plan, target)
+    except _compile.TileLangCompileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"// {plan.describe()}, target {compiled.target}")
+    print(compiled.source())
+    if a.ptxas:
+        r = _compile.ptxas_report(compiled)
+        print(f"// ptxas {r.arch} (cubin: {r.sass_arch}): {r.registers} registers/thread, "
+              f"{r.smem_static} B static + {r.smem_dynamic} B dynamic shared memory/block, "
+              f"spill stores {r.spill_stores} B, spill loads {r.spill_loads} B, stack {r.stack} B")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The eager math through torch.compile (Inductor), compiled once per shape class.
+
+- LayerNorm compiles torch.native_layer_norm, which Inductor decomposes into its own kernels
+  (y, mean, rstd). RMSNorm is written out as F.rms_norm's own math (float32 compute, one rounding
+  of y): Inductor keeps aten._fused_rms_norm as a call into the eager kernel, so compiling that op
+  would time eager's kernel under this backend's name.
+- The graph writes y and the statistics straight into the caller's buffers, so no copy follows it.
+- A shape class is (op, dtype, device, rows, N, row strides of x and y, weight/bias present, eps);
+  eps is a constant in the generated code, as it is in a model. Each class gets its own compiled
+  function with its own code object, so Dynamo's per-function recompile limits never apply across
+  classes, and fullgraph=True turns any graph break or limit into an error, never a silent run of
+  eager code.
+- On CUDA shapes are static. On the CPU the row count is dynamic (one compile per N, not per
+  (M, N)): each CPU compile costs about a second, and the quick profile alone has ~220 static
+  classes. NORMDIFF_COMPILE_ROWS=static or dynamic overrides that (a GPU run of the full
+  profile compiles ~430 static classes, ~240 with dynamic rows). ``note()`` says which mode ran.
+- ``prepare(spec)`` compiles and runs a class once, so benchmarks keep compilation out of the
+  timed region.
+"""
+from __future__ import annotations
+
+import os
+import types
+from typing import Callable, ClassVar
+
+import torch
+
+from impls.base import NormKernel, NormOutputs, NormSpec, UnsupportedCase
+from impls.registry import register
+
+DEFAULT_EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
+_PROBES: dict[str, str | None] = {}  # device type -> why Inductor cannot compile there, or None
+
+
+def _device() -> str:
+    try:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:  # a broken CUDA install means no GPU for us
+        return "cpu"
+
+
+def dynamic_rows(device: str) -> bool:
+    """Whether the row count is a dynamic dimension of the compiled graph on ``device``:
+    NORMDIFF_COMPILE_ROWS=static or dynamic decides; by default dynamic on the CPU only."""
+    mode = os.environ.get("NORMDIFF_COMPILE_ROWS", "")
+    if mode in ("static", "dynamic"):
+        return mode == "dynamic"
+    return device == "cpu"
+
+
+def _probe(device: str) -> str | None:
+    """Compile and run a tiny reduction once per process: Inductor needs a working C++ compiler
+    on the CPU and Triton on the GPU, and only a real compile proves either."""
+    if device not in _PROBES:
+        try:
+            fn = torch.compile(lambda t: (t * t).sum(-1), dynamic=False, fullgraph=True)
+            t = torch.arange(8.0, device=device).view(2, 4)
+            if not torch.equal(fn(t).cpu(), torch.tensor([14.0, 126.0])):
+                raise RuntimeError("the compiled probe returned a wrong result")
+            _PROBES[device] = None
+        except Exception as exc:  # any failure means this backend cannot run here
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            _PROBES[device] = f"torch.compile (Inductor) cannot compile on {device}: {type(exc).__name__}: {first}"
+    return _PROBES[device]
+
+
+def _rms_norm(x, weight, eps: float, y, rstd):
+    xf = x.float()
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    yf = xf * r
+    if weight is not None:
+        yf = yf * weight.float()
+    y.copy_(yf)
+    rstd.copy_(r.view(-1))
+
+
+def _layer_norm(x, weight, bias, eps: float, y, mean, rstd):
+    yy, m, r = torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+    y.copy_(yy)
+    mean.copy_(m.view(-1))
+    rstd.copy_(r.view(-1))
+
+
+def _fresh(fn: Callable, tag: str) -> Callable:
+    """A copy of ``fn`` with a code object of its own: Dynamo keeps its cache, and counts its
+    recompile limits, per code object."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+class _TorchCompile(NormKernel):
+    backend = "torch_compile"
+    variant = "inductor"
+    _fn: ClassVar[Callable]
+
+    def __init__(self):
+        self._compiled: dict[tuple, Callable] = {}
+
+    def availability(self) -> str | None:
+        return _probe(_device())
+
+    def note(self) -> str:
+        device = _device()
+        rows = "dynamic row count" if dynamic_rows(device) else "static shapes"
+        return f"torch {torch.__version__}, Inductor on {device}, {rows}, one compile per shape class"
+
+    def stat_dtype(self, dtype: torch.dtype, device: str) -> torch.dtype:
+        # Inductor's LayerNorm decomposition keeps aten's convention: input dtype on the CPU.
+        return torch.float32 if device == "cuda" else dtype
+
+    def compiled_classes(self) -> int:
+        """How many shape classes have been compiled in this process."""
+        return len(self._compiled)
+
+    def _key(self, x, weight, bias, eps, y) -> tuple:
+        m, n = x.shape
+        dyn = dynamic_rows(x.device.type)
+        rows = (m if m <= 1 else None) if dyn else m  # Dynamo specialises a row count of 0 or 1
+        return (self.op, x.dtype, x.device.type, rows, n, x.stride(0), y.stride(0),
+                weight is not None, bias is not None, eps)
+
+    def _args(self, x, weight, bias, eps, out: NormOutputs) -> tuple:
+        """The compiled function's arguments, in its order."""
+        raise NotImplementedError
+
+    def _bound(self, x, weight, bias, eps, out: NormOutputs) -> Callable[[], None]:
+        key = self._key(x, weight, bias, eps, out.y)
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = torch.compile(_fresh(type(self)._fn, f"c{len(self._compiled)}"), dynamic=False, fullgraph=True)
+            self._compiled[key] = fn
+        if key[3] is None:  # dynamic row count: marked on every tensor that has rows
+            for t in (x, out.y, out.mean, out.rstd):
+                if t is not None:
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+        args = self._args(x, weight, bias, eps, out)
+        return lambda: fn(*args)
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+        self._bound(x, weight, bias, eps, out)()
+
+    def bench_callable(self, x, weight, bias, eps, out):
+        # Run once here, so a class that prepare() did not cover still compiles outside the timing.
+        call = self._bound(x, weight, bias, eps, out)
+        call()
+        return call
+
+    def prepare(self, spec: NormSpec, eps: float | None = None) -> None:
+        """Compile ``spec``'s shape class and run it once (outputs go to fresh buffers)."""
+        reason = self.unsupported(spec)
+        if reason:
+            raise UnsupportedCase(reason)
+        if spec.rows == 0:
+            return
+        stride = max(spec.row_stride, spec.n)
+        storage = torch.zeros(spec.rows, stride, dtype=spec.dtype, device=spec.device)
+        x = storage[:, : spec.n]
+        weight = torch.ones(spec.n, dtype=spec.dtype, device=spec.device) if spec.has_weight else None
+        bias = torch.zeros(spec.n, dtype=spec.dtype, device=spec.device) if spec.has_bias else None
+        self(x, weight, bias, DEFAULT_EPS[self.op] if eps is None else eps)
+
+
+@register
+class CompiledRMSNorm(_TorchCompile):
+    op = "rms_norm"
+    outputs = ("y", "rstd")
+    _fn = staticmethod(_rms_norm)
+
+    def stat_dtype(self, dtype, device):
+        return torch.float32
+
+    def _args(self, x, weight, bias, eps, out):
+        return (x, weight, eps, out.y, out.rstd)
+
+
+@register
+class CompiledLayerNorm(_TorchCompile):
+    op = "layer_norm"
+    outputs = ("y", "mean", "rstd")
+    _fn = staticmethod(_layer_norm)
+
+    def _args(self, x, weight, bias, eps, out):
+        return (x, weight, bias, eps, out.y, out.mean, out.rstd)

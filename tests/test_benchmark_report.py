@@ -1,0 +1,230 @@
+"""The benchmark suite: its report from a fixture JSON, and a real `pytest --benchmark-only` run on
+the CPU that must produce the markdown, the JSON and the plots, with pytest-benchmark's own stats
+holding the kernel times."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import bench, timing
+from harness.report import benchmark as report
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "data" / "benchmark_sample.json"
+
+
+@pytest.fixture(scope="module")
+def sample() -> dict:
+    return json.loads(FIXTURE.read_text())
+
+
+def _row_of(md: str, section: str, first_cell: str) -> list[str]:
+    part = md.split(section, 1)[1]
+    for line in part.splitlines():
+        if line.startswith(f"| {first_cell} |"):
+            return [c.strip() for c in line.strip("|").split("|")]
+    raise AssertionError(f"no row {first_cell!r} under {section!r}")
+
+
+def test_report_from_fixture(sample, tmp_path):
+    paths = report.write_all(sample, tmp_path)
+    md = (tmp_path / "benchmark.md").read_text()
+    assert paths[0] == tmp_path / "benchmark.md"
+    # Header: the device, the ceiling and the command of the run.
+    assert "Synthetic GPU (test fixture)" in md and "4000 GB/s" in md and "--bench-repeat 2" in md
+    # % of copy = bytes / median / ceiling; the fastest kernel of the shape is starred.
+    rms = "### RMSNorm, bfloat16"
+    row = _row_of(md, rms, "16384 x 4096")
+    nbytes = timing.bytes_moved(16384, 4096, torch.bfloat16, True, False, 1)
+    eager_pct = 100 * nbytes / 100e-6 / 1e9 / 4000
+    assert row == ["16384 x 4096", f"{eager_pct:.1f}%", "83.9%", "**★ 93.2%**"]
+    assert _row_of(md, rms, "65536 x 1024")[2] == "**★ 79.0%**"  # looped wins there
+    assert _row_of(md, rms, "16384 x 131072")[3] == "-"  # rowwise did not run it
+    # Speedup over the baseline on the same shape, in the detail table.
+    assert "| 16384 x 4096 | ★ triton.rowwise | 72.0 | 3729 | 93.2% | 1.39x |" in md
+    # Decode regime in µs, and the kernel that could not be captured in a graph is named.
+    assert _row_of(md, "## Decode regime", "8 x 4096") == ["8 x 4096", "4.5 µs", "6.0 µs", "**★ 2.5 µs**"]
+    assert "triton.looped: CUDA events, CUDA-graph capture failed" in md
+    # Repeatability: rowwise moved 5% between the passes (over the 3% limit), the others 1%.
+    rep = md.split("## Repeatability", 1)[1].split("## Skipped", 1)[0]
+    assert "Largest move of a median from the first pass: 5.00% (triton.rowwise" in rep
+    assert "| triton.rowwise | 2 | +5.00% | rms_norm-bfloat16-16384x4096 | **no** |" in rep
+    assert "| torch.eager | 2 | +1.00% | rms_norm-bfloat16-16384x4096 | yes |" in rep
+    # Skips counted per kernel and reason; failures listed, never in the tables.
+    assert "## Skipped (4)" in md
+    assert "| tilelang.fragment | tilelang compiled for sm_90, not executed (no GPU) | 3 |" in md
+    assert "## Failed (2)" in md and "planted.ignores_weight" not in md.split("## Failed", 1)[0]
+    # One plot per op and dtype with bandwidth results, each a real PNG linked from the markdown.
+    for op in ("rms_norm", "layer_norm"):
+        png = tmp_path / f"benchmark-{op}-bfloat16.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+        assert f"]({png.name})" in md
+
+
+def test_plot_has_a_line_per_kernel_the_ceiling_and_a_log2_axis(sample):
+    rows = [r for r in report.results(sample) if r["op"] == "rms_norm" and r["regime"] == "bandwidth" and r["repeat"] == 0]
+    fig = report.figure(rows, "rms_norm", "bfloat16", 4000.0, "fixture")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+    labelled = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    assert set(labelled) == {"torch.eager", "triton.rowwise", "triton.looped"}
+    assert list(labelled["triton.looped"].get_xdata()) == [1024, 4096, 131072]
+    ceiling = [line for line in ax.get_lines() if line.get_label() == "_copy ceiling"]
+    assert ceiling and set(ceiling[0].get_ydata()) == {4000.0}
+
+
+def test_render_again_from_the_saved_json(sample, tmp_path):
+    report.write_all(sample, tmp_path / "a")
+    out = tmp_path / "b"
+    subprocess.run([sys.executable, "-m", "harness.report.benchmark", str(tmp_path / "a" / "benchmark.json"),
+                    "--out", str(out)], check=True, cwd=ROOT, capture_output=True)
+    assert (out / "benchmark.md").read_text() == (tmp_path / "a" / "benchmark.md").read_text()
+    assert (out / "benchmark-rms_norm-bfloat16.png").exists()
+
+
+def test_runs_split_over_commands_merge_into_one_report(sample, tmp_path):
+    rms = {**sample, "benchmarks": [b for b in sample["benchmarks"] if b["extra_info"]["op"] == "rms_norm"]}
+    layer = {**sample, "benchmarks": [b for b in sample["benchmarks"] if b["extra_info"]["op"] == "layer_norm"],
+             "normdiff": {**sample["normdiff"], "skipped": [], "failed": [], "command": "second run"}}
+    for name, doc in (("a.json", rms), ("b.json", layer)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    subprocess.run([sys.executable, "-m", "harness.report.benchmark", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                    "--out", str(tmp_path / "merged")], check=True, cwd=ROOT, capture_output=True)
+    md = (tmp_path / "merged" / "benchmark.md").read_text()
+    assert "### RMSNorm, bfloat16" in md and "### LayerNorm, bfloat16" in md and "second run" in md
+    assert "## Skipped (4)" in md and "## Failed (2)" in md
+    assert len(json.loads((tmp_path / "merged" / "benchmark.json").read_text())["benchmarks"]) == len(sample["benchmarks"])
+
+
+def test_sweep_shapes():
+    full = bench.sweep("full", ["rms_norm"], ["bfloat16"], repeat=2)
+    bw = [s for s in full if s.regime == "bandwidth"]
+    assert all(s.m * s.n >= 2**26 and s.m >= 16384 for s in bw)
+    assert sorted({s.n for s in bw}) == sorted(bench.BANDWIDTH_N + bench.LONG_N)
+    assert [s.repeat for s in bw] == [0] * (len(bw) // 2) + [1] * (len(bw) // 2)  # a second whole pass
+    assert {(s.m, s.n) for s in full if s.regime == "decode"} == {(m, n) for m in (1, 8, 64) for n in (4096, 8192)}
+    assert all(s.m * s.n <= 2**20 for s in bench.sweep("quick", ["rms_norm"], ["float32"]))
+
+
+def test_unwritten_rows_outside_the_sample_are_caught():
+    """The oracle sees a sample of rows; the NaN poison catches a row outside it left unwritten."""
+    from impls import registry
+    from impls.reference import reference
+
+    registry.load_builtins()
+    kernel = registry.get("rms_norm", "torch", "eager")
+    s = bench.BenchShape("rms_norm", "float32", 8192, 1024, "bandwidth")
+    x = torch.randn(s.m, s.n)
+    w = torch.rand(s.n) + 0.5
+    out = kernel(x, w, None, 1e-6)
+    assert bench.verify(kernel, s, x, w, None, 1e-6, out, "cpu")[0] == []
+    sampled = set(bench.sample_rows(s.m, s.n, "cpu").tolist())
+    missing = next(i for i in range(s.m) if i not in sampled)
+    out.y[missing] = float("nan")
+    problems, _ = bench.verify(kernel, s, x, w, None, 1e-6, out, "cpu")
+    assert problems and "y: 1024 of" in problems[0]
+    # And a wrong value inside the sample fails on the comparison with the oracle.
+    out = kernel(x, w, None, 1e-6)
+    out.y[0] = reference("rms_norm", x[:1], None, None, 1e-6).y.float()  # weight ignored on row 0
+    assert any("out of tolerance" in p for p in bench.verify(kernel, s, x, w, None, 1e-6, out, "cpu")[0])
+
+
+# -- a real run on the CPU ------------------------------------------------------------------------
+OUTSIDE = textwrap.dedent('''
+    """Backends for the benchmark run test: a correct one that is slow (3 ms a call, 0.5 s to
+    prepare) and a fast wrong one."""
+    import time
+
+    from impls.registry import register
+    from tests.planted import Correct, IgnoresWeight
+
+
+    class Slow(Correct):
+        backend = "slowpoke"
+        variant = "sleeps"
+
+        def prepare(self, spec):
+            time.sleep(0.5)  # compilation: must stay out of the timed calls
+
+        def bench_callable(self, x, weight, bias, eps, out):
+            return lambda: time.sleep(0.003)
+
+
+    for op in ("rms_norm", "layer_norm"):
+        register(Slow(op))
+        register(IgnoresWeight(op))
+''')
+
+
+def _pytest(*args, cwd=ROOT):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:randomly", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    (tmp / "outside.py").write_text(OUTSIDE)
+    # Paths outside the project go with "=": pytest takes a bare path argument as a rootdir candidate.
+    proc = _pytest("--benchmark-only", "--backend", "torch,triton,slowpoke,planted", f"--backend-file={tmp / 'outside.py'}",
+                   "--op", "rms_norm", "--dtype", "float32", "--profile", "quick", f"--report-dir={tmp / 'out'}",
+                   f"--benchmark-json={tmp / 'raw.json'}", f"--benchmark-storage=file://{tmp / 'storage'}",
+                   "--benchmark-save", "first")
+    return tmp, proc
+
+
+def test_benchmark_run_on_the_cpu(cpu_run):
+    tmp, proc = cpu_run
+    out = tmp / "out"
+    log = proc.stdout[-4000:] + proc.stderr[-3000:]
+    # The fast wrong kernel fails (3 shapes), nothing else does.
+    assert proc.returncode == 1, log
+    assert "3 failed" in proc.stdout and "wrong result, not timed" in proc.stdout, log
+    doc = json.loads((out / "benchmark.json").read_text())
+    raw = json.loads((tmp / "raw.json").read_text())
+    names = sorted(b["name"] for b in doc["benchmarks"])
+    assert names == sorted(b["name"] for b in raw["benchmarks"])  # the same document as --benchmark-json
+    assert {b["extra_info"]["kernel"] for b in doc["benchmarks"]} == {"torch.eager", "slowpoke.sleeps"}
+    assert len(names) == 6
+    for b in doc["benchmarks"]:
+        ei, st = b["extra_info"], b["stats"]
+        assert b["group"] == f"{ei['op']}-{ei['dtype']}-{ei['m']}x{ei['n']}"
+        assert ei["correct"] is True and ei["bytes"] > 0 and ei["ceiling_gbps"] > 0 and ei["timer"] == "wall"
+        # pytest-benchmark's stats are the kernel clock's: its median is the timer's median.
+        assert st["median"] == pytest.approx(ei["median_us"] / 1e6, rel=1e-12)
+        assert ei["gbps"] == pytest.approx(ei["bytes"] / st["median"] / 1e9)
+        assert ei["pct_of_copy"] == pytest.approx(100 * ei["gbps"] / ei["ceiling_gbps"])
+        assert b["options"]["timer"] == "normdiff_kernel_clock"
+        if ei["kernel"] == "slowpoke.sleeps":
+            # 3 ms calls; the 0.5 s preparation is not in any timed round.
+            assert 0.003 <= st["min"] and st["max"] < 0.1, st
+            assert ei["prepare_s"] >= 0.5
+        else:
+            assert ei["speedup_vs_baseline"] == 1.0
+    nd = doc["normdiff"]
+    assert nd["final"] is True and nd["done"] == nd["collected"]
+    reasons = {s["kernel"]: s["reason"] for s in nd["skipped"]}
+    assert "not a timing" in reasons["triton.rowwise"]
+    assert {f["kernel"] for f in nd["failed"]} == {"planted.ignores_weight"}
+    md = (out / "benchmark.md").read_text()
+    assert "### RMSNorm, float32" in md and "## Failed (3)" in md and "slowpoke.sleeps" in md
+    assert "## Preparation" in md
+    assert (out / "benchmark-rms_norm-float32.png").read_bytes()[:4] == b"\x89PNG"
+    # The checks were all skipped by --benchmark-only: no correctness report replaces a real one.
+    assert not (out / "correctness.md").exists() and not (out / "correctness.json").exists()
+
+
+def test_benchmark_compare_still_works(cpu_run):
+    tmp, _ = cpu_run
+    proc = _pytest("benchmarks", "--benchmark-only", "--backend", "torch", "--op", "rms_norm", "--dtype", "float32",
+                   "--profile", "quick", f"--report-dir={tmp / 'again'}",
+                   f"--benchmark-storage=file://{tmp / 'storage'}", "--benchmark-compare", "0001", "-k", "512x1024")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "0001_first" in proc.stdout  # the saved run shows beside this one
+    assert (tmp / "again" / "benchmark.md").exists()
