@@ -22,6 +22,7 @@ class CheckResult:
     errors: list[compare.ErrorStats] = field(default_factory=list)
     findings: list[guards.GuardFinding] = field(default_factory=list)
     outputs: NormOutputs | None = None  # kept for the agreement matrix
+    y_extra: torch.Tensor | None = None  # what the kernel's rounding contract adds to y's allowance
 
     @property
     def ok(self) -> bool:
@@ -82,7 +83,8 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
     if any(f.kind == "input modified" for f in result.findings):
         oracle.forget()  # the next kernel gets fresh inputs
     stat_dtype = kernel.stat_dtype(case.torch_dtype, device)
-    result.errors = compare.compare_outputs(case.op, out, ref, case.torch_dtype, stat_dtype, inputs.weight)
+    extra = compare.rounding_allowance(kernel.rounding, case.op, inputs.x, ref, inputs.weight, inputs.bias, case.torch_dtype)
+    result.errors = compare.compare_outputs(case.op, out, ref, case.torch_dtype, stat_dtype, inputs.weight, extra)
     if keep_outputs:
-        result.outputs = out
+        result.outputs, result.y_extra = out, extra
     return result

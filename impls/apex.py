@@ -72,12 +72,16 @@ class _Apex(NormKernel):
     backend = "apex"
     variant = "fused"
     devices = ("cuda",)
+    # apex's kernels round x^ to the input dtype before the weight multiply, and x^ * w again
+    # before adding the bias: judged under that contract (harness.compare.rounding_allowance).
+    rounding = "before_affine"
 
     def availability(self) -> str | None:
         return availability()
 
     def note(self) -> str:
-        return f"apex {_version()}, {EXTENSION} entry points; rows with a stride are copied to contiguous first"
+        return (f"apex {_version()}, {EXTENSION} entry points; rows with a stride are copied to contiguous first; "
+                "y rounded to the input dtype before the weight and before the bias (judged under that contract)")
 
     def unsupported(self, spec: NormSpec) -> str | None:
         reason = super().unsupported(spec)

@@ -71,6 +71,10 @@ class NormKernel:
     dtypes: ClassVar[tuple[torch.dtype, ...]] = SUPPORTED_DTYPES
     # Largest N the kernel handles; None means no limit.
     max_n: ClassVar[int | None] = None
+    # How y is rounded: "once" (computed in float32, rounded once to x's dtype), or
+    # "before_affine" (x^ rounded to x's dtype before the weight, x^*w again before the bias).
+    # The harness allows exactly the extra error the declared contract implies.
+    rounding: ClassVar[str] = "once"
 
     @property
     def name(self) -> str:

@@ -81,3 +81,32 @@ def test_compiled_only_kernels_are_listed_apart_and_never_passed():
     doc["compiled"] = [{**entry, "executed": True}]
     assert "## tilelang on sm_90: compiled\n" in report.render_markdown(doc)
     assert "compiled, not executed" not in report.render_markdown({**doc, "compiled": []})
+
+
+def test_reports_of_side_by_side_runs_merge(tmp_path):
+    """Two runs (backends split over processes) make one report: counts add up, a check in both
+    is counted once, each failure's reproduce command uses its own run's selection."""
+    a = _doc()
+    b = report.build_document(
+        records={
+            "harness/test_differential.py::test_against_oracle[rms_norm-bfloat16-3x7-normal-tilelang.fragment]":
+                {"test": "test_against_oracle", "backend": "tilelang", "op": "rms_norm", "dtype": "bfloat16",
+                 "tags": [], "kernel": "tilelang.fragment", "case": "rms_norm-bfloat16-3x7-normal",
+                 "outcome": "failed", "errors": [], "findings": [{"output": "y", "kind": "unwritten", "count": 1, "first": [0, 0]}]},
+            next(iter(a["records"]))["nodeid"]: {"outcome": "passed", "kernel": "triton.rowwise"},
+        },
+        agreement={}, backends={"tilelang": ("tilelang 0.1.15", None)},
+        selection={"backend": "tilelang", "backend_file": [], "op": "all", "dtype": "all", "profile": "full"},
+        environment={"date": "2026-11-29"}, command="pytest harness --backend tilelang", elapsed=5.0,
+    )
+    for i, d in enumerate((a, b)):
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "correctness.json").write_text(json.dumps(d))
+    subprocess.run([sys.executable, "-m", "harness.report", str(tmp_path / "r0" / "correctness.json"),
+                    str(tmp_path / "r1" / "correctness.json"), "--out", str(tmp_path / "merged")], check=True, cwd=ROOT)
+    merged = json.loads((tmp_path / "merged" / "correctness.json").read_text())
+    assert len(merged["records"]) == 4 and merged["elapsed_s"] == 5.0
+    md = (tmp_path / "merged" / "correctness.md").read_text()
+    assert "**1 passed, 2 failed, 1 skipped**" in md
+    assert "--backend tilelang --profile full" in md and "--backend triton --profile quick" in md
+    assert "tilelang 0.1.15" in md

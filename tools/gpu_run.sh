@@ -1,17 +1,40 @@
 #!/usr/bin/env bash
-# One batched GPU session: the full-profile correctness run, the benchmark suite (full sweep, its
-# bandwidth part twice for the repeatability check) and the framework's own tests, everything
-# written under $1 (default: reports/gpu-run). Extra arguments go to both pytest runs.
-# A timeout sends SIGINT: pytest then still writes the reports of what had run.
-# The GPU machine has torch, triton and pytest but the project is not installed: use PYTHONPATH.
+# A batched GPU session, in phases that each fit one device call (10 minutes):
+#   tools/gpu_run.sh checks OUT   correctness, full profile, every backend; the framework's tests
+#   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep, bandwidth part twice); Triton sweep
+# The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
+# TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
+# wherever APEX_LIB points. Compilation is done first in parallel (harness.warm) so the single
+# pytest processes load compiled code; the checks run as side-by-side processes, merged after.
+# A timeout sends SIGINT: pytest then still writes the report of what had run.
 set -uo pipefail
-out=${1:-reports/gpu-run}
+phase=$1 out=$2
 mkdir -p "$out"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/nvidia-smi.txt"
+export PYTHONPATH=$PWD${APEX_LIB:+:$APEX_LIB}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TORCHINDUCTOR_FX_GRAPH_CACHE=1
+jobs=$(nproc)
+liger=(--backend-file examples/liger_backend.py)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$out/nvidia-smi.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-status=0
-timeout -s INT "${HARNESS_TIMEOUT:-480}" python -m pytest harness --backend all --profile full --report-dir "$out" -q -p no:randomly "${@:2}" 2>&1 | tail -n 40 | tee "$out/harness.log" || status=1
-timeout -s INT -k 30 "${BENCH_TIMEOUT:-480}" python -m pytest benchmarks --benchmark-only --profile full --bench-repeat 2 --report-dir "$out" -q -p no:randomly "${@:2}" 2>&1 | tail -n 60 | tee "$out/benchmark.log" || status=1
-python -m pytest tests -q -x 2>&1 | tail -n 15 | tee "$out/tests.log" || status=1
-exit $status
+pt() { timeout -s INT -k 20 "$1" python -m pytest "${@:2}" -q -p no:randomly; }
+case $phase in
+checks)
+  timeout 150 python -m harness.warm --backend tilelang,torch_compile --profile full --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
+  # The project's kernels together; the peers together (eager in both: the merge keeps one).
+  pt 400 harness --profile full --backend torch,triton,tilelang \
+     -k "not test_tilelang_compile and not (test_fuzz and tilelang)" --report-dir="$out/p1" > "$out/p1.log" 2>&1 &
+  pt 400 harness --profile full --backend tilelang -k "test_fuzz or test_tilelang_compile" --report-dir="$out/p2" > "$out/p2.log" 2>&1 &
+  pt 400 harness --profile full --backend torch,apex,torch_compile,liger "${liger[@]}" --report-dir="$out/p3" > "$out/p3.log" 2>&1 &
+  pt 400 tests > "$out/tests.log" 2>&1 &
+  wait
+  for f in p1 p2 p3 tests; do echo "== $f"; tail -n 4 "$out/$f.log"; done
+  python -m harness.report "$out"/p1/correctness.json "$out"/p2/correctness.json "$out"/p3/correctness.json --out "$out"
+  ;;
+bench)
+  timeout 200 python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
+  pt "${BENCH_TIMEOUT:-420}" benchmarks --benchmark-only --profile full --bench-repeat 2 --backend all "${liger[@]}" \
+     --report-dir="$out" > "$out/benchmark.log" 2>&1
+  tail -n 15 "$out/benchmark.log"
+  [ -n "${SWEEP:-}" ] && timeout 150 python tools/triton_sweep.py --json "$out/triton-sweep.json" > "$out/triton-sweep.log" 2>&1
+  ;;
+*) echo "usage: tools/gpu_run.sh checks|bench OUT" >&2; exit 2 ;;
+esac

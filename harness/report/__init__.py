@@ -40,6 +40,35 @@ def build_document(*, records, agreement, backends, selection, environment, comm
     }
 
 
+def merge_documents(docs: list[dict]) -> dict:
+    """One report from runs made side by side (e.g. backends split over processes to use more
+    cores): records and agreement of each run; a check that ran in several keeps its first
+    record. Agreement is only between kernels that ran in the same process."""
+    if len(docs) == 1:
+        return docs[0]
+    merged = dict(docs[0])
+    seen, records, agreement, compiled, backends = set(), [], [], [], {}
+    for d in docs:
+        for r in d["records"]:
+            if r["nodeid"] not in seen:
+                seen.add(r["nodeid"])
+                # Each record keeps its own run's selection, so its reproduce command is right.
+                records.append({"selection": d.get("selection", {}), **r})
+        agreement += d.get("agreement", [])
+        compiled += d.get("compiled") or []
+        backends.update(d.get("backends", {}))
+    merged.update(
+        command=" ; ".join(d["command"] for d in docs),
+        elapsed_s=max(d.get("elapsed_s", 0) for d in docs),
+        records=records, agreement=agreement, compiled=compiled, backends=backends,
+        progress={"final": all((d.get("progress") or {}).get("final", True) for d in docs),
+                  "ran": sum((d.get("progress") or {}).get("ran", 0) for d in docs),
+                  "collected": sum((d.get("progress") or {}).get("collected", 0) for d in docs)},
+        merged_from=len(docs),
+    )
+    return merged
+
+
 def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -85,7 +114,7 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 
 
 def repro_command(doc: dict, rec: dict) -> str:
-    sel = doc.get("selection", {})
+    sel = rec.get("selection") or doc.get("selection", {})
     backend = rec.get("backend") or sel.get("backend", "all")
     parts = ["pytest", shlex.quote(rec["nodeid"]), "--backend", backend, "--profile", sel.get("profile", "quick")]
     for f in sel.get("backend_file") or ():

@@ -1,0 +1,120 @@
+"""Fill the compile caches (TileLang's, Inductor's, Triton's) in parallel before a run.
+
+    python -m harness.warm --backend tilelang,torch_compile --profile full --jobs 16
+    python -m harness.warm --backend tilelang,torch_compile --bench --jobs 16
+
+Kernels that compile per shape (TileLang per N, torch.compile per static shape) would otherwise
+compile one after another inside the single pytest process: minutes of one busy core on a
+many-core machine. This runs the same work first in worker processes, which leave the compiled
+code in the on-disk caches, and the pytest run then loads it.
+
+- default: every catalogue case of the profile through ``harness.runner.check``: the same
+  inputs, layouts and guarded outputs as the checks, so the same specialisations. Results are
+  not reported here: only the pytest run judges.
+- ``--bench``: ``kernel.prepare(spec)`` and one call for every shape of the benchmark sweep.
+Drawn (hypothesis) cases are random and cannot be warmed.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+_KERNELS: dict = {}
+
+
+def _init(files: tuple[str, ...]) -> None:
+    from impls import registry
+
+    registry.load_all(files)
+    for k in registry.kernels():
+        _KERNELS[(k.op, k.backend, k.variant)] = k
+
+
+def _check(key, case_id: str) -> str | None:
+    from harness import runner
+    from harness.cases import case_from_id
+
+    try:
+        runner.check(_KERNELS[key], case_from_id(case_id))
+    except Exception as exc:  # reported by the pytest run itself
+        return f"{case_id} {key}: {type(exc).__name__}: {exc}"[:300]
+    return None
+
+
+def _prepare(key, spec) -> str | None:
+    import torch
+
+    k = _KERNELS[key]
+    try:
+        k.prepare(spec)
+        # One real call too: JIT backends (Triton, Liger) compile on first call, per specialisation.
+        x = torch.randn(spec.rows, spec.n, dtype=spec.dtype, device=spec.device)
+        w = torch.ones(spec.n, dtype=spec.dtype, device=spec.device) if spec.has_weight else None
+        b = torch.zeros(spec.n, dtype=spec.dtype, device=spec.device) if spec.has_bias else None
+        k(x, w, b, 1e-5)
+    except Exception as exc:
+        return f"{spec} {key}: {type(exc).__name__}: {exc}"[:300]
+    return None
+
+
+def tasks(backends: list[str], profile: str, bench: bool, files: tuple[str, ...]):
+    from harness.cases import catalogue
+    from harness.runner import device_for
+    from impls import registry
+
+    registry.load_all(files)
+    kernels = [k for k in registry.kernels(backends) if not k.availability()]
+    if bench:
+        from harness import bench as b
+        from harness.cases import DTYPES
+        from impls.base import NormSpec
+
+        for s in b.sweep(profile, ("rms_norm", "layer_norm"), tuple(DTYPES)):
+            for k in kernels:
+                if k.op != s.op:
+                    continue
+                spec = NormSpec(op=s.op, dtype=DTYPES[s.dtype], rows=s.m, n=s.n, row_stride=s.n,
+                                device=device_for(k), has_weight=True, has_bias=s.op == "layer_norm")
+                if not k.unsupported(spec):
+                    yield _prepare, (k.op, k.backend, k.variant), spec
+        return
+    for case in catalogue(profile):
+        for k in kernels:
+            if k.op == case.op and not k.unsupported(case.spec(device_for(k))):
+                yield _check, (k.op, k.backend, k.variant), case.id
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.warm", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="tilelang,torch_compile")
+    p.add_argument("--backend-file", action="append", default=[])
+    p.add_argument("--profile", default="full", choices=("quick", "full"))
+    p.add_argument("--bench", action="store_true", help="the benchmark sweep's shapes instead of the checks")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    a = p.parse_args(argv)
+    files = tuple(a.backend_file)
+    work = list(tasks(a.backend.split(","), a.profile, a.bench, files))
+    # Cases sharing a specialisation sit next to each other in the catalogue; shuffled, two
+    # workers rarely compile the same one at once, and the later one loads it from the cache.
+    random.Random(0).shuffle(work)
+    print(f"warming {len(work)} {'benchmark shapes' if a.bench else 'checks'} on {a.jobs} processes", flush=True)
+    t0, problems = time.perf_counter(), []
+    # spawn: CUDA cannot be used in forked children.
+    with ProcessPoolExecutor(a.jobs, mp_context=mp.get_context("spawn"), initializer=_init, initargs=(files,)) as pool:
+        futures = [pool.submit(fn, key, arg) for fn, key, arg in work]
+        for fut in as_completed(futures):
+            if fut.result():
+                problems.append(fut.result())
+    print(f"warmed in {time.perf_counter() - t0:.0f} s; {len(problems)} raised (the run reports them)", flush=True)
+    for line in problems[:10]:
+        print("  " + line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
