@@ -68,7 +68,7 @@ def availability() -> str | None:
 
 class _Liger(NormKernel):
     backend = "liger"
-    variant = "float32"
+    variant = "fused"  # RMSNorm in casting_mode "gemma": float32 math, y rounded once
     devices = ("cuda",)
     max_n = MAX_N
 

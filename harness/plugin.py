@@ -265,6 +265,11 @@ def environment() -> dict:
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "triton_interpret": os.environ.get("TRITON_INTERPRET"),
     }
+    # A copy of the tree run elsewhere (the GPU machine) may carry stale git metadata: the
+    # runner then names the commit it copied.
+    if os.environ.get("NORMDIFF_COMMIT"):
+        env["commit"] = os.environ["NORMDIFF_COMMIT"]
+        return _with_driver(env)
     try:
         env["commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
@@ -276,6 +281,10 @@ def environment() -> dict:
             env["commit"] += " (with uncommitted changes)"
     except (OSError, subprocess.SubprocessError):
         env["commit"] = None
+    return _with_driver(env)
+
+
+def _with_driver(env: dict) -> dict:
     if torch.cuda.is_available():
         try:
             env["driver"] = subprocess.run(

@@ -162,7 +162,9 @@ OUTSIDE = textwrap.dedent('''
 
 
 def _pytest(*args, cwd=ROOT):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    # The CPU path of the suite, also on a machine with a GPU (which would time Triton there).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:randomly", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 

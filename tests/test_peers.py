@@ -70,7 +70,7 @@ def test_all_peers_in_one_command_on_cpu(tmp_path):
     compiled = by_backend["torch_compile"]
     assert compiled and all(r["outcome"] == "passed" for r in compiled), compiled
     assert {r["kernel"] for r in doc["records"]} == {
-        "apex.fused", "liger.float32", "torch_compile.inductor"}
+        "apex.fused", "liger.fused", "torch_compile.inductor"}
     md = (tmp_path / "correctness.md").read_text()
     assert "unavailable: fused_layer_norm_cuda not importable" in md
     assert "unavailable: liger_kernel not importable" in md
@@ -243,13 +243,13 @@ def test_liger_plugin_declared_limits(monkeypatch):
     rms, ln = registry.get("rms_norm", "liger"), registry.get("layer_norm", "liger")
     monkeypatch.setattr(plugin, "availability", lambda: None)  # as on a GPU with liger installed
     assert rms.unsupported(spec(n=65536)) is None
-    assert rms.unsupported(spec(n=65537)) == "N=65537 exceeds liger.float32's limit of 65536"
+    assert rms.unsupported(spec(n=65537)) == "N=65537 exceeds liger.fused's limit of 65536"
     assert rms.unsupported(spec(weight=False)) is None
     assert "needs both weight and bias" in ln.unsupported(spec("layer_norm", weight=False))
     assert "needs both weight and bias" in ln.unsupported(spec("layer_norm", bias=False))
     # Through the runner the limit is a skip with the reason.
     result = runner.check(rms, Case(op="rms_norm", dtype="bfloat16", shape=(2, 100000)))
-    assert result.skipped == "N=100000 exceeds liger.float32's limit of 65536"
+    assert result.skipped == "N=100000 exceeds liger.fused's limit of 65536"
 
 
 def test_liger_plugin_unavailable_without_liger(monkeypatch):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A batched GPU session, in phases that each fit one device call (10 minutes):
 #   tools/gpu_run.sh checks OUT   correctness, full profile, every backend; the framework's tests
-#   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep, bandwidth part twice); Triton sweep
+#   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep, bandwidth part twice), README shapes
+#   tools/gpu_run.sh sweep OUT    the Triton launch-setting sweep (tools/triton_sweep.py)
 # The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
 # TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
 # wherever APEX_LIB points. Compilation is done first in parallel (harness.warm) so the single
@@ -30,11 +31,18 @@ checks)
   python -m harness.report "$out"/p1/correctness.json "$out"/p2/correctness.json "$out"/p3/correctness.json --out "$out"
   ;;
 bench)
-  timeout 200 python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
-  pt "${BENCH_TIMEOUT:-420}" benchmarks --benchmark-only --profile full --bench-repeat 2 --backend all "${liger[@]}" \
+  timeout 120 python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
+  pt "${BENCH_TIMEOUT:-400}" benchmarks --benchmark-only --profile full --bench-repeat 2 --backend all "${liger[@]}" \
      --report-dir="$out" > "$out/benchmark.log" 2>&1
   tail -n 15 "$out/benchmark.log"
-  [ -n "${SWEEP:-}" ] && timeout 150 python tools/triton_sweep.py --json "$out/triton-sweep.json" > "$out/triton-sweep.log" 2>&1
+  # The shapes the README quotes, each kernel of the project, bf16.
+  timeout 90 python -m harness.measure --backend triton,tilelang --dtype bfloat16 \
+     --shapes 16384x4096,16384x4000,32768x1024,4096x65536 --json "$out/measure.json" > "$out/measure.log" 2>&1
+  tail -n 30 "$out/measure.log"
   ;;
-*) echo "usage: tools/gpu_run.sh checks|bench OUT" >&2; exit 2 ;;
+sweep)
+  timeout 300 python tools/triton_sweep.py --json "$out/triton-sweep.json" > "$out/triton-sweep.log" 2>&1
+  tail -n 80 "$out/triton-sweep.log"
+  ;;
+*) echo "usage: tools/gpu_run.sh checks|bench|sweep OUT" >&2; exit 2 ;;
 esac
