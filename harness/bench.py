@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,7 +204,11 @@ class BenchContext:
         if report.when == "call":
             self.done += 1
             if time.time() - self._last_write > PARTIAL_REPORT_S:
-                self.write_report(final=False)
+                try:
+                    self.write_report(final=False)
+                except Exception as exc:  # a partial report must never end the run; the final one says
+                    self._last_write = time.time()
+                    warnings.warn(f"partial benchmark report not written: {type(exc).__name__}: {exc}")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_benchmark_update_json(self, config, benchmarks, output_json):

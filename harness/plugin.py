@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 import shlex
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,7 +246,6 @@ def invocation(config) -> str:
 
 def environment() -> dict:
     import importlib.metadata as md
-    import subprocess
 
     def version(pkg):
         try:
