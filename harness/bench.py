@@ -345,7 +345,9 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     if problems:
         pytest.fail(f"{k.name} on {s.group}: wrong result, not timed:\n" + "\n".join(problems), pytrace=False)
 
-    timer, fallback = ctx.timer(k.bench_callable(x, w, b, eps, out), s.regime, device)
+    fn = k.bench_callable(x, w, b, eps, out)
+    settle_calls = timing.settle(fn) if device == "cuda" else 0
+    timer, fallback = ctx.timer(fn, s.regime, device)
     rounds, warmup = ctx.rounds(s.regime, device)
     nbytes = timing.bytes_moved(s.m, s.n, dtype, True, layer, len({"mean", "rstd"} & set(k.outputs)))
     info = benchmark.extra_info
@@ -354,7 +356,7 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
         backend=k.backend, variant=k.variant, kernel=k.name, outputs=list(k.outputs),
         bytes=nbytes, ceiling_gbps=ceiling_gbps, device=device_name(device),
         timing=fallback and f"CUDA events, {fallback}" or timer.how, timer=timer.kind,
-        rounds=rounds, warmup_rounds=warmup, prepare_s=round(prepare_s, 3),
+        rounds=rounds, warmup_rounds=warmup, settle_calls=settle_calls, prepare_s=round(prepare_s, 3),
         correct=True, max_ulp_err=worst_ulp,
     )
     benchmark.pedantic(timer.target, setup=timer.setup, rounds=rounds, warmup_rounds=warmup)

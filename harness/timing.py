@@ -44,6 +44,26 @@ GRAPH_CALLS = 20  # calls per CUDA-graph replay for the decode regime
 COPY_BYTES = {"cuda": 2 * 2**30, "cpu": 128 * 2**20}  # size of the copy that sets the ceiling
 
 
+SETTLE_S = 0.05  # GPU time of back-to-back calls before a GPU benchmark's warm-up rounds
+
+
+def settle(fn, seconds: float = SETTLE_S, max_calls: int = 20_000) -> int:
+    """Run ``fn`` back to back for about ``seconds`` of GPU time, so the clocks and power state
+    the timed rounds meet are those of this kernel, not of the (possibly far heavier) benchmark
+    before it. Returns the number of calls."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    once = max(start.elapsed_time(end) / 1e3, 1e-6)
+    calls = min(max_calls, int(seconds / once) + 1)
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return calls + 1
+
+
 class KernelClock:
     """The timer pytest-benchmark reads: stands still except when ``advance`` adds a measured time."""
 
