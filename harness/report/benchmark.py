@@ -188,7 +188,8 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
     lines += ["", f"{len(rows)} benchmarks timed, {len(nd.get('skipped', ()))} skipped, "
                   f"{len(nd.get('failed', ()))} failed. GB/s counts x read, y written, weight and bias read "
                   "and the float32 statistics each kernel writes; % of copy is against the copy ceiling "
-                  f"above; speedup is against `{baseline}` on the same shape. ★ marks the fastest kernel of "
+                  "above (a copy kernel's bandwidth, not the hardware's: a kernel can pass it by a little); "
+                  f"speedup is against `{baseline}` on the same shape. ★ marks the fastest kernel of "
                   "each shape.", ""]
     if rows and all(r["device"] and r["device"].startswith("CPU") for r in rows):
         lines += ["> CPU run: it exercises the suite. The quick shapes fit in the CPU's caches, so a kernel can "
