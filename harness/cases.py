@@ -185,6 +185,11 @@ def _catalogue(profile: str) -> list[Case]:
     for dist in ("tiny", "huge"):
         for dt in all_dtypes:
             add(_both_ops(dtype=dt, shape=(5, 4000), dist=dist, tags=(dist,)))
+    # A long constant float32 row whose N is not a multiple of any vector width: every rounding
+    # of a running sum goes the same way, so a sum that accumulates in long sequential chains
+    # drifts by about N * u (found by a drawn case in torch.compile's CPU code at N = 32764).
+    cases.append(Case(op="rms_norm", dtype="float32", shape=(1, 32764), dist="constant", affine="none",
+                      tags=("constant", "long rows")))
 
     # eps: a large eps exposes an eps added outside the square root.
     for eps in (1e-6, 0.1):

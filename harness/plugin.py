@@ -39,6 +39,10 @@ def pytest_addoption(parser):
         "--profile", default=None, choices=("quick", "full"),
         help="case catalogue size; default: full with a GPU, quick without",
     )
+    group.addoption(
+        "--fuzz-seed", type=int, default=0,
+        help="seed of the hypothesis-drawn cases (fixed, so a run repeats; change it to explore)",
+    )
     group.addoption("--report-dir", default=None, help="where correctness.md/.json go (default: reports/)")
     group.addoption("--no-report", action="store_true", help="do not write the correctness report")
 
@@ -137,7 +141,9 @@ class HarnessState:
         rec = self.records.get(report.nodeid)
         if rec is None:  # not a parametrised harness check
             return
-        if report.skipped:
+        if report.skipped and hasattr(report, "wasxfail"):  # a declared known issue, failing as declared
+            rec.update(outcome="known issue", reason=report.wasxfail)
+        elif report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             rec.update(outcome="skipped", reason=reason.removeprefix("Skipped: "))
         elif rec.get("outcome") != "failed":
@@ -177,6 +183,7 @@ def pytest_configure(config):
         "op": config.getoption("op"),
         "dtype": config.getoption("dtype"),
         "profile": profile,
+        "fuzz_seed": config.getoption("fuzz_seed"),
     }
     state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config)
     config.stash[STATE] = state

@@ -7,6 +7,9 @@ from harness.plugin import record
 
 def test_against_oracle(case_kernel, harness_state, request):
     case, kernel = case_kernel
+    issue = kernel.known_issue(case.id, runner.device_for(kernel))
+    if issue:  # strict: the day it passes, the declaration must go
+        request.applymarker(pytest.mark.xfail(reason=f"known issue: {issue}", strict=True))
     result = runner.check(kernel, case, oracle=harness_state.oracle, keep_outputs=True)
     if result.skipped:
         pytest.skip(result.skipped)

@@ -96,6 +96,13 @@ class NormKernel:
         """Precision the kernel computes its statistics in (they are returned as float32)."""
         return torch.float32
 
+    def known_issue(self, case_id: str, device: str) -> str | None:
+        """A declared, reproduced defect of this kernel on one catalogue case (why it fails), else
+        None. The harness then expects that case to fail (strictly: a pass is reported as a
+        failure, so a fixed issue cannot stay declared) and counts it apart from passes and
+        failures. For defects of peers the project does not own, never for its own kernels."""
+        return None
+
     def unsupported(self, spec: NormSpec) -> str | None:
         """None when this kernel can run ``spec``; otherwise the reason it cannot."""
         reason = self.availability()

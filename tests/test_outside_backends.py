@@ -121,3 +121,34 @@ def test_deselected_checks_are_not_counted(tmp_path):
     assert doc["records"] and all("4000" in r["nodeid"] and r["outcome"] == "passed" for r in doc["records"])
     assert doc["progress"] == {"final": True, "ran": len(doc["records"]), "collected": len(doc["records"])}
     assert "Incomplete" not in (tmp_path / "correctness.md").read_text()
+
+
+KNOWN = textwrap.dedent('''
+    from impls.registry import register
+    from tests.planted import IgnoresWeight
+
+    class Declared(IgnoresWeight):
+        """Declares one case it fails (weight ignored) and one it passes (no weight)."""
+        def known_issue(self, case_id, device):
+            return {"rms_norm-bfloat16-7x1000-normal-weightonly": "ignores its weight",
+                    "rms_norm-bfloat16-7x1000-normal-noaffine": "declared, but this case passes"}.get(case_id)
+
+    register(Declared("rms_norm"))
+''')
+
+
+def test_known_issues_are_counted_apart_and_must_keep_failing(tmp_path):
+    """A declared known issue that fails as declared is neither a pass nor a failure; one that
+    passes is a failure (strict), so a fixed issue cannot stay declared."""
+    plugin = tmp_path / "declared_backend.py"
+    plugin.write_text(KNOWN)
+    proc = run_harness("--backend-file", str(plugin), "--backend", "planted", "--report-dir", str(tmp_path),
+                       "-k", "7x1000-normal", *FILTER)
+    doc = json.loads((tmp_path / "correctness.json").read_text())
+    outcomes = {r["case"]: r["outcome"] for r in doc["records"]}
+    assert outcomes == {"rms_norm-bfloat16-7x1000-normal-weightonly": "known issue",
+                        "rms_norm-bfloat16-7x1000-normal-noaffine": "failed"}, \
+        proc.stdout[-3000:]
+    assert proc.returncode == 1
+    md = (tmp_path / "correctness.md").read_text()
+    assert "1 known issues (declared, failing as declared)" in md and "ignores its weight" in md

@@ -119,6 +119,8 @@ def repro_command(doc: dict, rec: dict) -> str:
     parts = ["pytest", shlex.quote(rec["nodeid"]), "--backend", backend, "--profile", sel.get("profile", "quick")]
     for f in sel.get("backend_file") or ():
         parts += ["--backend-file", shlex.quote(f)]
+    if rec.get("test") == "test_fuzz" and sel.get("fuzz_seed"):
+        parts += ["--fuzz-seed", str(sel["fuzz_seed"])]
     return " ".join(parts)
 
 
@@ -180,13 +182,17 @@ def render_markdown(doc: dict) -> str:
     for c in counts.values():
         total.update(c)
     lines += ["", "## Summary", ""]
+    known = total["known issue"]
     lines.append(
-        f"**{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped** "
-        f"({sum(total.values())} checks)."
+        f"**{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped"
+        + (f", {known} known issues (declared, failing as declared)" if known else "")
+        + f"** ({sum(total.values())} checks)."
     )
     lines.append("")
-    lines += _table(["kernel", "op", "check", "passed", "failed", "skipped"], [
-        [k, op, test, c["passed"], c["failed"], c["skipped"]] for (k, op, test), c in sorted(counts.items())
+    extra = ["known issue"] if known else []
+    lines += _table(["kernel", "op", "check", "passed", "failed", "skipped", *extra], [
+        [k, op, test, c["passed"], c["failed"], c["skipped"], *(c[e] for e in extra)]
+        for (k, op, test), c in sorted(counts.items())
     ])
     if skips:
         lines += ["", "### Skip reasons", ""]
@@ -195,6 +201,16 @@ def render_markdown(doc: dict) -> str:
         ])
 
     lines += render_compiled(doc.get("compiled") or ())
+
+    issues = [r for r in records if r.get("outcome") == "known issue"]
+    if issues:
+        lines += ["", f"## Known issues ({len(issues)})", "",
+                  "Defects a backend declares (`NormKernel.known_issue`); each still ran and failed as declared.", ""]
+        lines += _table(["check", "declared", "worst error (allowed errors)"], [
+            [f"`{r['nodeid'].split('::')[-1]}`", r.get("reason", "").replace("|", "\\|"),
+             _fmt(max((e.get("worst_ratio", 0) for e in r.get("errors") or []), default=None))]
+            for r in issues
+        ])
 
     failures = [r for r in records if r.get("outcome") == "failed"]
     lines += ["", f"## Failures ({len(failures)})", ""]
