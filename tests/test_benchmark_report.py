@@ -230,3 +230,32 @@ def test_benchmark_compare_still_works(cpu_run):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "0001_first" in proc.stdout  # the saved run shows beside this one
     assert (tmp / "again" / "benchmark.md").exists()
+
+
+def _row(kernel, pct, m=16384, n=4096, op="rms_norm", regime="bandwidth", median_s=1e-4, repeat=0):
+    return {"op": op, "dtype": "bfloat16", "m": m, "n": n, "regime": regime, "repeat": repeat, "kernel": kernel,
+            "pct": pct, "median_s": median_s}
+
+
+def test_speed_targets_name_each_gap():
+    from harness.report import targets
+
+    rows = [
+        # 16384 x 4096 RMSNorm: every target met.
+        _row("triton.rowwise", 97.5), _row("tilelang.fragment", 96.0), _row("liger.fused", 95.0),
+        # 16384 x 8192: the best project kernel is short, and a peer is ahead of TileLang.
+        _row("triton.rowwise", 96.0, n=8192), _row("tilelang.splitk", 91.0, n=8192), _row("torch.eager", 93.0, n=8192),
+        # Too few elements for a target, and a second pass: neither is judged.
+        _row("triton.rowwise", 10.0, m=8, n=4096), _row("triton.rowwise", 10.0, repeat=1),
+        # Decode: TileLang slower than the best peer.
+        _row("tilelang.fragment", None, m=1, regime="decode", median_s=2e-6),
+        _row("liger.fused", None, m=1, regime="decode", median_s=1.5e-6),
+    ]
+    bw = {t["n"]: t for t in targets.bandwidth(rows)}
+    assert set(bw) == {4096, 8192}
+    assert bw[4096]["gaps"] == []
+    assert bw[8192]["gaps"] == ["best 96.0% < 97%", "tilelang 91.0% < 92%", "tilelang 91.0% < torch.eager 93.0%"]
+    dc = targets.decode(rows)
+    assert len(dc) == 1 and dc[0]["gaps"] == ["tilelang 2.00 µs > liger.fused 1.50 µs"]
+    md = "\n".join(targets.render(rows))
+    assert "**1 of 2 shapes meet every target**" in md and "**0 of 1**" in md

@@ -20,7 +20,7 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.report import _table, atomic_write
+from harness.report import _table, atomic_write, targets
 
 OP_TITLE = {"rms_norm": "RMSNorm", "layer_norm": "LayerNorm"}
 REPEAT_LIMIT = 0.03  # issue 6: no backend's median may move more than 3% between passes
@@ -200,6 +200,7 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
     for r in first:
         by_table[(r["regime"], r["op"], r["dtype"])].append(r)
 
+    lines += targets.render(rows)
     lines += ["## Bandwidth regime", ""]
     bw = sorted(k for k in by_table if k[0] == "bandwidth")
     if not bw:
