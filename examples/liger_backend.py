@@ -29,40 +29,25 @@ Declared limits (Liger 0.8.5):
 """
 from __future__ import annotations
 
-import importlib
-
-import torch
-
-from impls.base import NormKernel, NormOutputs, NormSpec
+from impls.base import NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
 from impls.registry import register
 
 LIGER_VERSION = "0.8.5"
 MAX_N = 65536  # liger_kernel.ops.utils.calculate_settings: MAX_FUSED_SIZE
-_STATE: dict[str, object] = {}
+LIGER = OptionalImport("liger_kernel.ops.rms_norm", "liger_kernel.ops.layer_norm",
+                       missing=f"liger_kernel not importable: pip install liger-kernel=={LIGER_VERSION}")
 
 
 def _ops():
-    """(rms_norm module, layer_norm module), or None with the reason in _STATE."""
-    if "ops" not in _STATE and "reason" not in _STATE:
-        try:
-            _STATE["ops"] = (importlib.import_module("liger_kernel.ops.rms_norm"),
-                             importlib.import_module("liger_kernel.ops.layer_norm"))
-        except Exception as exc:  # missing, or its triton/torch cannot load it
-            reason = f"liger_kernel not importable: pip install liger-kernel=={LIGER_VERSION}"
-            if not isinstance(exc, ModuleNotFoundError):
-                reason += f" [{type(exc).__name__}: {str(exc).strip()[:200]}]"
-            _STATE["reason"] = reason
-    return _STATE.get("ops")
+    """(rms_norm module, layer_norm module), or None (LIGER.reason says why)."""
+    return LIGER.modules()
 
 
 def availability() -> str | None:
     if _ops() is None:
-        return str(_STATE["reason"])
-    try:
-        if not torch.cuda.is_available():
-            return "liger needs a CUDA device (its Triton kernels do not run under Triton's interpreter)"
-    except Exception as exc:  # a broken CUDA install means no GPU for us
-        return f"no usable CUDA device: {type(exc).__name__}: {exc}"
+        return LIGER.reason
+    if not cuda_present():
+        return "liger needs a CUDA device (its Triton kernels do not run under Triton's interpreter)"
     return None
 
 

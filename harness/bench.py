@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,11 +39,9 @@ import torch
 from harness import compare, plugin, timing
 from harness.cases import DTYPES
 from harness.runner import device_for
-from impls.base import OPS, NormKernel, NormOutputs, NormSpec, UnsupportedCase
+from impls.base import DEFAULT_EPS, OPS, NormKernel, NormOutputs, NormSpec, UnsupportedCase
 from impls.reference import reference
 
-PARTIAL_REPORT_S = 60.0
-EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
 
 # The sweep. Bandwidth regime: M x N >= 2^26 elements (M >= 16384), N up to 65536 for every kernel
 # and beyond it for those without a limit (looped, split-K); decode regime: a few rows.
@@ -144,8 +141,7 @@ def pytest_generate_tests(metafunc):
         return
     state = metafunc.config.stash[plugin.STATE]
     ops = [op for op in OPS if any(k.op == op for k in state.kernels)]
-    sel = state.selection["dtype"]  # validated by the harness plugin
-    dtypes = tuple(DTYPES) if sel == "all" else tuple(d.strip() for d in sel.split(",") if d.strip())
+    dtypes = plugin._split(state.selection["dtype"], tuple(DTYPES), "dtype") or tuple(DTYPES)
     repeat = max(1, metafunc.config.getoption("bench_repeat"))
     baseline = metafunc.config.getoption("bench_baseline")
     params = [
@@ -203,12 +199,7 @@ class BenchContext:
                                 "message": (report.longreprtext or "")[-2000:]})
         if report.when == "call":
             self.done += 1
-            if time.time() - self._last_write > PARTIAL_REPORT_S:
-                try:
-                    self.write_report(final=False)
-                except Exception as exc:  # a partial report must never end the run; the final one says
-                    self._last_write = time.time()
-                    warnings.warn(f"partial benchmark report not written: {type(exc).__name__}: {exc}")
+            plugin.write_partial(self)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_benchmark_update_json(self, config, benchmarks, output_json):
@@ -327,7 +318,7 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     ceiling_gbps, _ = ctx.ceiling(device)
     x, w, b = ctx.inputs(s, device)
     b = b if layer else None
-    eps = EPS[s.op]
+    eps = DEFAULT_EPS[s.op]
     out = k.allocate(x)
 
     t0 = time.perf_counter()

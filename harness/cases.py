@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from impls.base import NormSpec
+from impls.base import DEFAULT_EPS, NormSpec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DEFAULT_EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
 
 # Row lengths that are not multiples of any block or vector width, and every power of two.
 ODD_N = (1, 7, 127, 129, 769, 1000, 1536, 3000, 4000, 4097, 5120, 12345)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
@@ -17,41 +16,18 @@ import torch
 from harness import timing
 from harness.cases import DTYPES
 from impls import registry
-from impls.base import UnsupportedCase, spec_of
-
-_TOOLS: list[timing.GpuTools] = []
+from impls.base import DEFAULT_EPS, UnsupportedCase, spec_of
 
 
-def _gpu() -> timing.GpuTools:
-    if not _TOOLS:
-        _TOOLS.append(timing.GpuTools())
-    return _TOOLS[0]
-
-
-def gpu_time_ms(fn, reps: int = 50, warmup: int = 5) -> float:
-    """Median time of ``fn()`` in milliseconds: CUDA events, cold L2, launch latency hidden."""
-    timer = timing.EventTimer(fn, _gpu(), clock=timing.KernelClock())
-    return statistics.median(timer.run(reps, warmup)) * 1e3
-
-
-def copy_ceiling_gbps(nbytes: int = timing.COPY_BYTES["cuda"]) -> float:
-    """Device-to-device copy bandwidth, bytes read plus bytes written."""
-    return timing.copy_ceiling_gbps("cuda", _gpu(), nbytes=nbytes)[0]
-
-
-def bytes_moved(op: str, m: int, n: int, dtype: torch.dtype, has_weight: bool, has_bias: bool, stats: int) -> int:
-    """Fewest bytes the op must move: read x and the parameters, write y and the statistics."""
-    return timing.bytes_moved(m, n, dtype, has_weight, has_bias, stats)
-
-
-def measure(kernel, m: int, n: int, dtype: torch.dtype) -> dict:
+def measure(kernel, m: int, n: int, dtype: torch.dtype, tools: timing.GpuTools) -> dict:
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w = torch.randn(n, device="cuda", dtype=dtype)
     b = torch.randn(n, device="cuda", dtype=dtype) if kernel.op == "layer_norm" else None
+    eps = DEFAULT_EPS[kernel.op]
     kernel.prepare(spec_of(kernel.op, x, "cuda", w, b))
-    out = kernel(x, w, b, 1e-6)  # validates once, compiles, and gives the output buffers
-    ms = gpu_time_ms(kernel.bench_callable(x, w, b, 1e-6, out))
-    nbytes = bytes_moved(kernel.op, m, n, dtype, True, b is not None, len({"mean", "rstd"} & set(kernel.outputs)))
+    out = kernel(x, w, b, eps)  # validates once, compiles, and gives the output buffers
+    ms = timing.gpu_time_ms(kernel.bench_callable(x, w, b, eps, out), tools)
+    nbytes = timing.bytes_moved(m, n, dtype, True, b is not None, len({"mean", "rstd"} & set(kernel.outputs)))
     return {"op": kernel.op, "kernel": kernel.name, "shape": f"{m}x{n}", "dtype": str(dtype).removeprefix("torch."),
             "ms": ms, "gbps": nbytes / ms / 1e6}
 
@@ -67,14 +43,15 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     registry.load_all()
-    ceiling = copy_ceiling_gbps()
+    tools = timing.GpuTools()
+    ceiling = timing.copy_ceiling_gbps("cuda", tools)[0]
     rows = []
     for shape in args.shapes.split(","):
         m, n = (int(v) for v in shape.split("x"))
         for op in ("rms_norm", "layer_norm"):
             for kernel in registry.kernels(args.backend.split(","), op):
                 try:
-                    r = measure(kernel, m, n, DTYPES[args.dtype])
+                    r = measure(kernel, m, n, DTYPES[args.dtype], tools)
                 except UnsupportedCase as exc:
                     print(f"{kernel.name} {op} {shape}: skipped: {exc}")
                     continue

@@ -10,6 +10,7 @@ import platform
 import shlex
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,8 +152,20 @@ class HarnessState:
             if report.failed and "message" not in rec:
                 rec["message"] = (report.longreprtext or "")[-3000:]
         rec["duration"] = rec.get("duration", 0.0) + report.duration
-        if time.time() - self._last_write > PARTIAL_REPORT_S:
-            self.write_report(final=False)
+        write_partial(self)
+
+
+def write_partial(owner) -> None:
+    """Every PARTIAL_REPORT_S, ``owner.write_report(final=False)`` (the correctness state, the
+    benchmark context), so a run that is killed leaves its last report. A partial report that
+    cannot be written warns and never ends the run: the final one is where an error must show."""
+    if time.time() - owner._last_write <= PARTIAL_REPORT_S:
+        return
+    owner._last_write = time.time()
+    try:
+        owner.write_report(final=False)
+    except Exception as exc:
+        warnings.warn(f"partial report not written: {type(exc).__name__}: {exc}")
 
 
 def _split(value: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...] | None:

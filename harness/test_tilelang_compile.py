@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from impls.base import dtype_name
+from impls.base import cuda_present, dtype_name
 
 # (variant, dtype, N, affine): affine is "weight" / "none" for RMSNorm, "weight_bias" / "weight" /
 # "none" for LayerNorm.
@@ -69,7 +69,7 @@ def test_compiles_for_sm90(variant, dtype, n, affine, harness_state):
     harness_state.compiled.append({
         "backend": "tilelang", "kernel": f"tilelang.{variant}", "dtype": dtype_name(dtype), "n": n,
         "affine": affine, "vec": plan.vec, "threads": plan.threads, "seconds": round(seconds, 2),
-        "executed": _compile.cuda_present() and _compile.default_target() == _compile.SM90,
+        "executed": cuda_present() and _compile.default_target() == _compile.SM90,
         **report.to_dict(),
     })
     assert report.sass_arch == "sm_90", f"the cubin is not sm_90 SASS (ELF says {report.sass_arch})"

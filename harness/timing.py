@@ -224,6 +224,13 @@ class GraphTimer(EventTimer):
         super()._record(seconds / self.calls)
 
 
+def gpu_time_ms(fn, tools: GpuTools, rounds: int = 50, warmup: int = 5) -> float:
+    """Median GPU time of ``fn()`` in milliseconds, outside pytest, timed as a benchmark is:
+    settled, then EventTimer rounds (cold L2, launch latency hidden)."""
+    settle(fn)
+    return statistics.median(EventTimer(fn, tools, clock=KernelClock()).run(rounds, warmup)) * 1e3
+
+
 def copy_ceiling_gbps(device: str, tools: GpuTools | None = None, rounds: int = 20,
                       nbytes: int | None = None) -> tuple[float, str]:
     """Copy bandwidth (bytes read plus bytes written) in GB/s, timed like the kernels; and how."""

@@ -23,39 +23,25 @@ bfloat16 input. Declared limits, from that source:
 """
 from __future__ import annotations
 
-import importlib
-
-import torch
-
-from impls.base import NormKernel, NormOutputs, NormSpec
+from impls.base import NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
 from impls.registry import register
 
 EXTENSION = "fused_layer_norm_cuda"
 MAX_ELEMENTS = 2**31 - 1  # the kernels index elements with int
-_STATE: dict[str, object] = {}  # "module" or "reason", filled on first use
+EXT = OptionalImport(EXTENSION, missing=f"{EXTENSION} not importable (apex built without its CUDA extensions): see README")
 
 
 def _load():
-    """The extension module, or None with the reason in _STATE."""
-    if "module" not in _STATE and "reason" not in _STATE:
-        try:
-            _STATE["module"] = importlib.import_module(EXTENSION)
-        except Exception as exc:  # not built, or built against another torch: either way unusable
-            reason = f"{EXTENSION} not importable (apex built without its CUDA extensions): see README"
-            if not isinstance(exc, ModuleNotFoundError):
-                reason += f" [{type(exc).__name__}: {str(exc).strip()[:200]}]"
-            _STATE["reason"] = reason
-    return _STATE.get("module")
+    """The extension module, or None (EXT.reason says why)."""
+    modules = EXT.modules()
+    return modules[0] if modules else None
 
 
 def availability() -> str | None:
     if _load() is None:
-        return str(_STATE["reason"])
-    try:
-        if not torch.cuda.is_available():
-            return f"{EXTENSION} imports but no CUDA device is present (apex's kernels run only on CUDA)"
-    except Exception as exc:  # a broken CUDA install means no GPU for us
-        return f"no usable CUDA device: {type(exc).__name__}: {exc}"
+        return EXT.reason
+    if not cuda_present():
+        return f"{EXTENSION} imports but no CUDA device is present (apex's kernels run only on CUDA)"
     return None
 
 

@@ -8,6 +8,7 @@ output allocation and the shape of the returned statistics. A backend only write
 """
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -17,6 +18,39 @@ import torch
 Op = Literal["rms_norm", "layer_norm"]
 OPS: tuple[str, ...] = ("rms_norm", "layer_norm")
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+# eps where a caller gives none: the catalogue, the benchmarks and ahead-of-time compilation.
+DEFAULT_EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
+
+
+def cuda_present() -> bool:
+    """Whether a CUDA device is usable here; a broken CUDA install counts as none."""
+    try:
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+class OptionalImport:
+    """Modules a backend needs that the project does not install, imported on first use, once.
+    ``modules()`` returns them, or None with ``reason`` saying why: ``missing`` where one is not
+    installed, with the error added where an installed one fails to load."""
+
+    def __init__(self, *names: str, missing: str):
+        self.names, self.missing = names, missing
+        self.reason: str | None = None
+        self._modules: list | None = None
+        self._tried = False
+
+    def modules(self) -> list | None:
+        if not self._tried:
+            self._tried = True
+            try:
+                self._modules = [importlib.import_module(n) for n in self.names]
+            except Exception as exc:  # missing, or an install that cannot load: either way unusable
+                self.reason = self.missing
+                if not isinstance(exc, ModuleNotFoundError):
+                    self.reason += f" [{type(exc).__name__}: {str(exc).strip()[:200]}]"
+        return self._modules
 
 
 class NormInputError(ValueError):

@@ -25,18 +25,14 @@ from typing import Callable, ClassVar
 
 import torch
 
-from impls.base import NormKernel, NormOutputs, NormSpec, UnsupportedCase
+from impls.base import DEFAULT_EPS, NormKernel, NormOutputs, NormSpec, UnsupportedCase, cuda_present
 from impls.registry import register
 
-DEFAULT_EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
 _PROBES: dict[str, str | None] = {}  # device type -> why Inductor cannot compile there, or None
 
 
 def _device() -> str:
-    try:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except Exception:  # a broken CUDA install means no GPU for us
-        return "cpu"
+    return "cuda" if cuda_present() else "cpu"
 
 
 def dynamic_rows(device: str) -> bool:

@@ -17,7 +17,7 @@ import impls.torch_compile as tc
 from harness import runner
 from harness.cases import Case
 from impls import registry
-from impls.base import NormOutputs, NormSpec
+from impls.base import NormOutputs, NormSpec, OptionalImport
 from impls.reference import reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +84,7 @@ def test_apex_module_imports_without_the_extension():
 
 def test_apex_unavailable_without_the_extension(monkeypatch):
     monkeypatch.setitem(sys.modules, "fused_layer_norm_cuda", None)
-    monkeypatch.setattr(apex, "_STATE", {})
+    monkeypatch.setattr(apex, "EXT", OptionalImport(apex.EXTENSION, missing=apex.EXT.missing))
     kernel = registry.get("layer_norm", "apex")
     assert kernel.availability() == (
         "fused_layer_norm_cuda not importable (apex built without its CUDA extensions): see README")
@@ -152,7 +152,8 @@ def test_apex_calls_the_right_entry_point_and_normalises_its_outputs(monkeypatch
     """With a stand-in for the extension: the entry point that matches the affine parameters,
     strided rows made contiguous, invvar written as rstd."""
     fake = FakeExtension()
-    monkeypatch.setattr(apex, "_STATE", {"module": fake})
+    monkeypatch.setitem(sys.modules, apex.EXTENSION, fake)
+    monkeypatch.setattr(apex, "EXT", OptionalImport(apex.EXTENSION, missing=apex.EXT.missing))
     kernel = registry.get(op, "apex")
     case = Case(op=op, dtype="bfloat16", shape=(5, 300), affine=affine, row_pad=20)
     from harness.cases import make_inputs
@@ -255,7 +256,7 @@ def test_liger_plugin_declared_limits(monkeypatch):
 def test_liger_plugin_unavailable_without_liger(monkeypatch):
     plugin = load_liger_plugin()
     monkeypatch.setitem(sys.modules, "liger_kernel", None)
-    monkeypatch.setattr(plugin, "_STATE", {})
+    monkeypatch.setattr(plugin, "LIGER", OptionalImport(*plugin.LIGER.names, missing=plugin.LIGER.missing))
     assert registry.get("rms_norm", "liger").availability() == (
         "liger_kernel not importable: pip install liger-kernel==0.8.5")
 

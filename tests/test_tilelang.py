@@ -15,12 +15,12 @@ import torch
 from harness import runner
 from harness.cases import Case
 from impls import registry
-from impls.base import NormSpec
+from impls.base import NormSpec, cuda_present
 from impls.tilelang import _compile
 from impls.tilelang._plan import choose_vec, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
-HAS_CUDA = _compile.cuda_present()
+HAS_CUDA = cuda_present()
 NO_GPU = "no CUDA device: the kernel cannot execute here (checked in its source above)"
 
 

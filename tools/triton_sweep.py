@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from harness.cases import DTYPES  # noqa: E402
-from harness.measure import bytes_moved, copy_ceiling_gbps, gpu_time_ms  # noqa: E402
+from harness import timing  # noqa: E402
 from impls import registry  # noqa: E402
 from impls.base import NormOutputs  # noqa: E402
 from impls.triton._launch import LaunchConfig, next_pow2  # noqa: E402
@@ -49,7 +49,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     registry.load_all()
     dtype = DTYPES[args.dtype]
-    ceiling = copy_ceiling_gbps()
+    tools = timing.GpuTools()
+    ceiling = timing.copy_ceiling_gbps("cuda", tools)[0]
     print(f"{time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()} copy {ceiling:.0f} GB/s", flush=True)
     rows_out = []
     for op in ("rms_norm", "layer_norm"):
@@ -61,9 +62,9 @@ def main(argv=None) -> int:
             b = torch.randn(n, device="cuda", dtype=dtype) if op == "layer_norm" else None
             out: NormOutputs = kernel.allocate(x)
             chosen = kernel.config(n, dtype)
-            nbytes = bytes_moved(op, m, n, dtype, True, b is not None, len(kernel.outputs) - 1)
+            nbytes = timing.bytes_moved(m, n, dtype, True, b is not None, len(kernel.outputs) - 1)
             for cfg in settings(n):
-                ms = gpu_time_ms(lambda: kernel._forward(x, w, b, 1e-6, out, cfg), reps=20, warmup=2)
+                ms = timing.gpu_time_ms(lambda: kernel._forward(x, w, b, 1e-6, out, cfg), tools, rounds=20, warmup=2)
                 gbps = nbytes / ms / 1e6
                 r = dict(op=op, n=n, m=m, rows=cfg.rows, warps=cfg.num_warps, us=ms * 1e3, gbps=gbps,
                          pct=100 * gbps / ceiling, heuristic=cfg == chosen)

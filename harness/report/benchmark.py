@@ -201,11 +201,14 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
         by_table[(r["regime"], r["op"], r["dtype"])].append(r)
 
     lines += targets.render(rows)
+    def tables(regime: str) -> list[tuple[str, str]]:  # (op, dtype), RMSNorm first
+        keys = [(op, dt) for reg, op, dt in by_table if reg == regime]
+        return sorted(keys, key=lambda k: (list(OP_TITLE).index(k[0]) if k[0] in OP_TITLE else 9, k[1]))
+
     lines += ["## Bandwidth regime", ""]
-    bw = sorted(k for k in by_table if k[0] == "bandwidth")
-    if not bw:
+    if not tables("bandwidth"):
         lines.append("No bandwidth-regime results.")
-    for _, op, dt in sorted(bw, key=lambda k: (list(OP_TITLE).index(k[1]) if k[1] in OP_TITLE else 9, k[2])):
+    for op, dt in tables("bandwidth"):
         t = by_table[("bandwidth", op, dt)]
         lines += [f"### {OP_TITLE.get(op, op)}, {dt}", ""]
         if (op, dt) in plots:
@@ -217,10 +220,9 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
         lines += ["", "</details>", ""]
 
     lines += ["## Decode regime", "", "Median time per call in µs (fewer is better).", ""]
-    dc = sorted(k for k in by_table if k[0] == "decode")
-    if not dc:
+    if not tables("decode"):
         lines.append("No decode-regime results.")
-    for _, op, dt in sorted(dc, key=lambda k: (list(OP_TITLE).index(k[1]) if k[1] in OP_TITLE else 9, k[2])):
+    for op, dt in tables("decode"):
         t = by_table[("decode", op, dt)]
         lines += [f"### {OP_TITLE.get(op, op)}, {dt}", ""]
         lines += _matrix(t, baseline, lambda r: f"{_us(r['median_s'])} µs", "µs per call")

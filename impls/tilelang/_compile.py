@@ -11,19 +11,19 @@ width) and the target; on disk, TileLang's own kernel cache (``TILELANG_CACHE_DI
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from impls.base import OptionalImport, cuda_present
 from impls.tilelang._plan import Plan
 
 SM90 = {"kind": "cuda", "arch": "sm_90"}
@@ -38,20 +38,13 @@ class TileLangCompileError(RuntimeError):
     """A plan TileLang could not compile, with what to do about it."""
 
 
-def cuda_present() -> bool:
-    try:
-        return torch.cuda.is_available()
-    except Exception:  # a broken CUDA install means no GPU for us
-        return False
+_TILELANG = OptionalImport("tilelang", missing=f"tilelang not importable; {INSTALL_HINT}")
 
 
-@lru_cache(maxsize=1)
 def tilelang_module():
     """(module, None) or (None, why it cannot be imported)."""
-    try:
-        return importlib.import_module("tilelang"), None
-    except Exception as exc:  # noqa: BLE001 (any failure: a broken install reads the same)
-        return None, f"tilelang not importable: {type(exc).__name__}: {exc}; {INSTALL_HINT}"
+    modules = _TILELANG.modules()
+    return (modules[0], None) if modules else (None, _TILELANG.reason)
 
 
 def availability() -> str | None:
@@ -100,7 +93,7 @@ class Compiled:
             return ""
 
 
-_CACHE: dict[tuple, Compiled] = {}
+_CACHE: dict[tuple, Compiled] = {}  # (plan key, target) -> compiled
 _LOCK = threading.Lock()
 COMPILE_COUNT = 0  # real compile calls into TileLang in this process (the tests read it)
 
@@ -137,8 +130,6 @@ def compile_program(program, plan: Plan, target: dict | None = None, what: str |
 def compile_plan(plan: Plan, target: dict | None = None) -> Compiled:
     """The compiled kernel of a plan, compiled at most once per process."""
     global COMPILE_COUNT
-    import time
-
     target = dict(target or default_target())
     key = (plan.key, json.dumps(target, sort_keys=True))
     with _LOCK:
@@ -154,14 +145,6 @@ def compile_plan(plan: Plan, target: dict | None = None) -> Compiled:
         compiled = Compiled(plan, target, kernel, time.perf_counter() - t0)
         _CACHE[key] = compiled
         return compiled
-
-
-def cached_plans() -> list[Plan]:
-    return [c.plan for c in _CACHE.values()]
-
-
-def clear_process_cache() -> None:
-    _CACHE.clear()
 
 
 # -- ptxas ------------------------------------------------------------------------------------

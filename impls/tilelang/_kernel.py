@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from impls.base import NormKernel, NormOutputs, NormSpec
+from impls.base import NormKernel, NormOutputs, NormSpec, cuda_present
 from impls.tilelang import _compile
 from impls.tilelang._plan import Plan, choose_vec, make_plan, max_vec
 
@@ -40,7 +40,7 @@ class TileLangKernel(NormKernel):
         tl, why = _compile.tilelang_module()
         if tl is None:
             return why or ""
-        if _compile.cuda_present():
+        if cuda_present():
             return f"tilelang {_compile.version()} on {torch.cuda.get_device_name()}"
         return f"tilelang {_compile.version()}: {_compile.NOT_EXECUTED}"
 

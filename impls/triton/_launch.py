@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from impls.base import NormKernel
+from impls.base import NormKernel, cuda_present
 
 # Largest N the rowwise kernels hold in one tile; the looped ones take any N.
 ROWWISE_MAX_N = 65536
@@ -26,13 +26,6 @@ CHUNK_BYTES = 16384
 # whatever x's dtype); 32 warps at most (1024 threads).
 PER_THREAD = 16
 MAX_WARPS = 32
-
-
-def cuda_present() -> bool:
-    try:
-        return torch.cuda.is_available()
-    except Exception:  # a broken CUDA install means no GPU for us
-        return False
 
 
 def interpret_requested() -> bool:
