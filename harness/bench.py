@@ -168,6 +168,7 @@ class BenchContext:
     started: float = field(default_factory=time.time)
     _ceiling: dict = field(default_factory=dict)  # device -> (GB/s, how)
     _gpu: timing.GpuTools | None = None
+    _arenas: dict = field(default_factory=dict)  # device -> Arena
     _inputs_key: tuple | None = None
     _inputs: tuple | None = None
     _last_write: float = field(default_factory=time.time)
@@ -223,20 +224,38 @@ class BenchContext:
             self._ceiling[device] = timing.copy_ceiling_gbps(device, self.gpu() if device == "cuda" else None)
         return self._ceiling[device]
 
+    def arena(self, device: str) -> "Arena":
+        """The one buffer every benchmark on ``device`` takes its x, parameters and outputs from,
+        sized for the largest shape of the session and allocated once, so a shape's tensors sit
+        at the same addresses in every pass of the sweep. With a fresh allocation per shape, the
+        medians of kernels that read x twice moved by up to 12% between passes at one shape,
+        while each pass was tight within itself (docs/perf-notes.md)."""
+        if device not in self._arenas:
+            need = max((Arena.layout(it.shape)[1] for it in self.items.values()
+                        if device_for(it.kernel) == device), default=0)
+            self._arenas[device] = Arena(need, device)
+        return self._arenas[device]
+
     def inputs(self, s: BenchShape, device: str):
-        """x, weight, bias of a shape, shared by the kernels of its group (one set held at a time)."""
+        """x, weight, bias of a shape, shared by the kernels of its group, in the arena."""
         key = (s.dtype, s.m, s.n, device)
         if key != self._inputs_key:
             self._inputs = self._inputs_key = None
-            if device == "cuda":
-                torch.cuda.empty_cache()
             gen = torch.Generator(device=device).manual_seed(s.m * 1_000_003 + s.n)
             dtype = DTYPES[s.dtype]
-            x = torch.randn(s.m, s.n, generator=gen, device=device, dtype=dtype)
-            w = (1.0 + 0.5 * torch.randn(s.n, generator=gen, device=device)).to(dtype)
-            b = (0.5 * torch.randn(s.n, generator=gen, device=device)).to(dtype)
-            self._inputs_key, self._inputs = key, (x, w, b)
+            views = self.arena(device).views(s)
+            views["x"].copy_(torch.randn(s.m, s.n, generator=gen, device=device, dtype=dtype))
+            views["w"].copy_((1.0 + 0.5 * torch.randn(s.n, generator=gen, device=device)).to(dtype))
+            views["b"].copy_((0.5 * torch.randn(s.n, generator=gen, device=device)).to(dtype))
+            if device == "cuda":
+                torch.cuda.empty_cache()  # the generator's temporaries
+            self._inputs_key, self._inputs = key, (views["x"], views["w"], views["b"])
         return self._inputs
+
+    def outputs(self, k: NormKernel, s: BenchShape, device: str) -> NormOutputs:
+        """The kernel's outputs, as ``NormKernel.allocate`` makes them, in the arena after x."""
+        views = self.arena(device).views(s)
+        return NormOutputs(y=views["y"], **{name: views[name] for name in ("mean", "rstd") if name in k.outputs})
 
     def timer(self, fn, regime: str, device: str):
         """The timer for one benchmark and, where it is not the planned one, why."""
@@ -267,6 +286,7 @@ class BenchContext:
             "selection": {**sel, "repeat": self.config.getoption("bench_repeat"),
                           "baseline": self.config.getoption("bench_baseline")},
             "ceiling": ceilings,
+            "arena": {dev: {"bytes": a.buf.numel(), "how": a.describe()} for dev, a in self._arenas.items()},
             "timing": {"cuda": timing.EventTimer.how, "cuda_decode": timing.GraphTimer.how, "cpu": timing.WallTimer.how},
             "collected": len(self.items),
             "done": self.done,
@@ -298,6 +318,49 @@ class BenchContext:
         self._last_write = time.time()
 
 
+# -- where a benchmark's tensors live ---------------------------------------------------------
+class Arena:
+    """One allocation carved into a shape's x, weight, bias, y, mean and rstd at offsets that
+    depend on the shape alone. It grows (a new allocation) only for a shape larger than it was
+    sized for, or where the sized allocation did not fit in memory (then: ``fallback``)."""
+
+    ALIGN = 4096  # bytes; every part starts on a page of the caching allocator's granularity
+
+    def __init__(self, nbytes: int, device: str) -> None:
+        self.device, self.fallback = device, None
+        try:
+            self.buf = torch.empty(max(nbytes, self.ALIGN), dtype=torch.uint8, device=device)
+        except torch.OutOfMemoryError as exc:
+            self.fallback = f"one arena of {nbytes / 2**30:.1f} GiB did not fit ({exc}); allocated per shape"
+            self.buf = torch.empty(self.ALIGN, dtype=torch.uint8, device=device)
+
+    def describe(self) -> str:
+        return self.fallback or (f"x, weight, bias and outputs of every shape in one {self.buf.numel() / 2**30:.2f} GiB "
+                                 "allocation, made once: the same addresses in every pass")
+
+    @classmethod
+    def layout(cls, s: BenchShape) -> tuple[dict, int]:
+        """{part: (offset, dtype, shape)} and the bytes the shape needs."""
+        dt = DTYPES[s.dtype]
+        parts = (("x", dt, (s.m, s.n)), ("w", dt, (s.n,)), ("b", dt, (s.n,)), ("y", dt, (s.m, s.n)),
+                 ("mean", torch.float32, (s.m,)), ("rstd", torch.float32, (s.m,)))
+        out, off = {}, 0
+        for name, dtype, shape in parts:
+            out[name] = (off, dtype, shape)
+            off += -(-math.prod(shape) * dtype.itemsize // cls.ALIGN) * cls.ALIGN
+        return out, off
+
+    def views(self, s: BenchShape) -> dict[str, torch.Tensor]:
+        parts, need = self.layout(s)
+        if need > self.buf.numel():
+            del self.buf
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+            self.buf = torch.empty(need, dtype=torch.uint8, device=self.device)
+        return {name: self.buf[off:off + math.prod(shape) * dt.itemsize].view(dt).view(shape)
+                for name, (off, dt, shape) in parts.items()}
+
+
 # -- one benchmark --------------------------------------------------------------------------
 def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     k, s = item.kernel, item.shape
@@ -310,8 +373,11 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     if reason:
         pytest.skip(reason)
     if device == "cuda":
-        # x, y and a y the kernel may allocate itself, plus the oracle's sample.
-        need = 3 * s.m * s.n * dtype.itemsize + 4 * CHECK_ELEMENTS * 8
+        arena = ctx.arena(device)
+        # x and y (outside an arena that holds them), a y the kernel may allocate itself, the
+        # oracle's sample.
+        own = 0 if Arena.layout(s)[1] <= arena.buf.numel() else 2 * s.m * s.n * dtype.itemsize
+        need = own + s.m * s.n * dtype.itemsize + 4 * CHECK_ELEMENTS * 8
         free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
         if need > MEMORY_FRACTION * free:
             pytest.skip(f"needs about {need / 2**30:.1f} GiB of device memory, {free / 2**30:.1f} GiB free")
@@ -319,7 +385,7 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     x, w, b = ctx.inputs(s, device)
     b = b if layer else None
     eps = DEFAULT_EPS[s.op]
-    out = k.allocate(x)
+    out = ctx.outputs(k, s, device)
 
     t0 = time.perf_counter()
     try:

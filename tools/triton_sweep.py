@@ -1,16 +1,20 @@
-"""Offline sweep of the Triton launch settings on a GPU, the evidence behind
-``impls.triton._launch.launch_config``'s heuristic (see docs/perf-notes.md).
+"""Offline sweep of the Triton launch settings on a GPU: the evidence behind
+``impls.triton._launch.launch_config`` (see docs/perf-notes.md).
 
-    python tools/triton_sweep.py --dtype bfloat16 --json sweep.json
+    python tools/triton_sweep.py --json sweep.json            # bf16 at every N, fp32 at some
 
-For each op, N and launch setting (rows per program, warps) it times the rowwise kernel on
-M = max(16384, 2**26 / N) rows, cold L2, by CUDA events, and prints GB/s and % of the copy
-ceiling of the same run, with the heuristic's own choice marked.
+For each op, dtype, N and variant it times every launch setting of ``settings()`` (rows per
+program, warps, and for looped the chunk width) on M = max(16384, 2**26 / N) rows, cold L2,
+timed as the benchmarks time (``harness.timing.gpu_time_ms``), and prints GB/s and % of the
+copy ceiling of the same run, the heuristic's own choice marked. Compilation runs first in
+``--jobs`` worker processes that share Triton's cache, so the timing process only loads.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,64 +23,126 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from harness.cases import DTYPES  # noqa: E402
 from harness import timing  # noqa: E402
+from harness.bench import bandwidth_rows  # noqa: E402
+from harness.cases import DTYPES  # noqa: E402
 from impls import registry  # noqa: E402
-from impls.base import NormOutputs  # noqa: E402
-from impls.triton._launch import LaunchConfig, next_pow2  # noqa: E402
+from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, next_pow2  # noqa: E402
 
-NS = (1024, 2048, 4096, 8192, 16384, 32768)
+NS = (1024, 2048, 4000, 4096, 5120, 8192, 12288, 16384, 32768, 65536, 131072, 262144)
+FP32_NS = (1024, 4096, 5120, 12288, 16384, 65536)
+LOOPED_MIN_N = 4000  # below it one tile holds the row; the looped kernel only adds a second read
 
 
-def settings(n: int):
-    """Rows per program in 1..8 and 8, 16 or 32 float32 values per thread, one tile at most
-    32768 elements."""
-    block_n = next_pow2(n)
-    for rows in (1, 2, 4, 8):
-        if rows * block_n > 32768:
+def settings(variant: str, n: int):
+    """Launch settings to try. rowwise: the whole row (padded to a power of two) in one tile, 1-4
+    rows per program, 8-32 float32 values per thread (64 for N >= 32768). looped: chunks of 1024-8192 columns, 1-2
+    rows per program, 8 or 16 values per thread."""
+    if variant == "rowwise":
+        block_n = next_pow2(n)
+        for rows in (1, 2, 4):
+            if rows > 1 and rows * block_n > 8192:
+                break
+            for per_thread in (8, 16, 32, 64):
+                warps = rows * block_n // (32 * per_thread)
+                if 1 <= warps <= 32 and (per_thread < 64 or block_n >= 32768):
+                    yield LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
+        return
+    for block_n in (1024, 2048, 4096, 8192):
+        if block_n > next_pow2(n):
             break
-        for per_thread in (8, 16, 32):
-            warps = rows * block_n // (32 * per_thread)
-            if 1 <= warps <= 32:
-                yield LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
+        for rows in (1, 2):
+            for per_thread in (8, 16):
+                warps = rows * block_n // (32 * per_thread)
+                if 1 <= warps <= 32:
+                    yield LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
+
+
+def plan(dtypes, ops, ns):
+    """(op, dtype, n, variant, cfg) in run order."""
+    out = []
+    for dtype in dtypes:
+        for op in ops:
+            for n in ns:
+                if dtype == "float32" and n not in FP32_NS:
+                    continue
+                for variant in ("rowwise", "looped"):
+                    if (variant == "rowwise" and n > ROWWISE_MAX_N) or (variant == "looped" and n < LOOPED_MIN_N):
+                        continue
+                    out += [(op, dtype, n, variant, cfg) for cfg in settings(variant, n)]
+    return out
+
+
+def compile_part(entries) -> None:
+    """Launch each setting once on a few rows: Triton compiles it into its on-disk cache."""
+    for op, dtype, n, variant, cfg in entries:
+        kernel = registry.get(op, "triton", variant)
+        x = torch.randn(cfg.rows, n, device="cuda", dtype=DTYPES[dtype])
+        w = torch.ones(n, device="cuda", dtype=x.dtype)
+        b = torch.zeros(n, device="cuda", dtype=x.dtype) if op == "layer_norm" else None
+        kernel._forward(x, w, b, 1e-6, kernel.allocate(x), cfg)
+    torch.cuda.synchronize()
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", default="bfloat16", choices=tuple(DTYPES))
+    p.add_argument("--dtypes", default="bfloat16,float32")
+    p.add_argument("--ops", default="rms_norm,layer_norm")
     p.add_argument("--ns", default=",".join(map(str, NS)))
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json")
+    p.add_argument("--compile-part", help=argparse.SUPPRESS)  # "i/k": worker i of k
     args = p.parse_args(argv)
     registry.load_all()
-    dtype = DTYPES[args.dtype]
+    entries = plan(args.dtypes.split(","), args.ops.split(","), [int(v) for v in args.ns.split(",")])
+    if args.compile_part:
+        i, k = map(int, args.compile_part.split("/"))
+        compile_part(entries[i::k])
+        return 0
+
+    t0 = time.time()
+    base = [sys.executable, __file__, "--dtypes", args.dtypes, "--ops", args.ops, "--ns", args.ns]
+    workers = [subprocess.Popen(base + ["--compile-part", f"{i}/{args.jobs}"]) for i in range(args.jobs)]
+    failed = sum(w.wait() != 0 for w in workers)
+    print(f"compiled {len(entries)} settings in {time.time() - t0:.0f} s on {args.jobs} processes"
+          + (f", {failed} workers failed" if failed else ""), flush=True)
+
     tools = timing.GpuTools()
     ceiling = timing.copy_ceiling_gbps("cuda", tools)[0]
-    print(f"{time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()} copy {ceiling:.0f} GB/s", flush=True)
-    rows_out = []
-    for op in ("rms_norm", "layer_norm"):
-        kernel = registry.get(op, "triton", "rowwise")
-        for n in (int(v) for v in args.ns.split(",")):
-            m = max(16384, 2**26 // n)
-            x = torch.randn(m, n, device="cuda", dtype=dtype)
-            w = torch.randn(n, device="cuda", dtype=dtype)
-            b = torch.randn(n, device="cuda", dtype=dtype) if op == "layer_norm" else None
-            out: NormOutputs = kernel.allocate(x)
-            chosen = kernel.config(n, dtype)
-            nbytes = timing.bytes_moved(m, n, dtype, True, b is not None, len(kernel.outputs) - 1)
-            for cfg in settings(n):
-                ms = timing.gpu_time_ms(lambda: kernel._forward(x, w, b, 1e-6, out, cfg), tools, rounds=20, warmup=2)
-                gbps = nbytes / ms / 1e6
-                r = dict(op=op, n=n, m=m, rows=cfg.rows, warps=cfg.num_warps, us=ms * 1e3, gbps=gbps,
-                         pct=100 * gbps / ceiling, heuristic=cfg == chosen)
-                rows_out.append(r)
-                mark = " <- heuristic" if r["heuristic"] else ""
-                print(f"{op:<10} {m:>6}x{n:<6} rows={cfg.rows:<2} warps={cfg.num_warps:<2} "
-                      f"{r['us']:8.1f} us {gbps:6.0f} GB/s {r['pct']:5.1f}%{mark}", flush=True)
-            del x, out
+    print(f"{time.strftime('%Y-%m-%d %H:%M')} {torch.cuda.get_device_name()} copy {ceiling:.0f} GB/s", flush=True)
+    results, held = [], None
+    for op, dtype, n, variant, cfg in entries:
+        kernel = registry.get(op, "triton", variant)
+        dt = DTYPES[dtype]
+        m = bandwidth_rows(n)
+        if held is None or held[0] != (op, dtype, n):
+            held = None
+            torch.cuda.empty_cache()
+            x = torch.randn(m, n, device="cuda", dtype=dt)
+            w = torch.randn(n, device="cuda", dtype=dt)
+            b = torch.randn(n, device="cuda", dtype=dt) if op == "layer_norm" else None
+            held = ((op, dtype, n), x, w, b, kernel.allocate(x))
+        _, x, w, b, out = held
+        nbytes = timing.bytes_moved(m, n, dt, True, b is not None, len(kernel.outputs) - 1)
+        ms = timing.gpu_time_ms(lambda: kernel._forward(x, w, b, 1e-6, out, cfg), tools, rounds=15, warmup=2)
+        gbps = nbytes / ms / 1e6
+        r = dict(op=op, dtype=dtype, n=n, m=m, variant=variant, block_n=cfg.block_n, rows=cfg.rows,
+                 warps=cfg.num_warps, us=ms * 1e3, gbps=gbps, pct=100 * gbps / ceiling,
+                 heuristic=cfg == kernel.config(n, dt))
+        results.append(r)
+        print(f"{op:<10} {dtype:<8} {m:>6}x{n:<6} {variant:<7} block={cfg.block_n:<5} rows={cfg.rows} "
+              f"warps={cfg.num_warps:<2} {r['us']:8.1f} us {gbps:6.0f} GB/s {r['pct']:5.1f}%"
+              + (" <- heuristic" if r["heuristic"] else ""), flush=True)
+        if args.json and len(results) % 50 == 0:  # a run cut short still leaves its results
+            _write(args.json, ceiling, results)
     if args.json:
-        Path(args.json).write_text(json.dumps({"dtype": args.dtype, "copy_gbps": ceiling,
-                                               "gpu": torch.cuda.get_device_name(), "results": rows_out}, indent=1))
+        _write(args.json, ceiling, results)
     return 0
+
+
+def _write(path, ceiling, results) -> None:
+    Path(path).write_text(json.dumps({"copy_gbps": ceiling, "gpu": torch.cuda.get_device_name(),
+                                      "date": time.strftime("%Y-%m-%d"), "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -177,6 +177,7 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
          or (f"{ceiling:.0f} GB/s" if ceiling else "-")],
         ["timing", "; ".join(sorted({r["timing"] for r in rows})) or "-"],
         ["rounds", ", ".join(sorted({str(r["rounds"]) for r in rows})) + " per benchmark (median reported)"],
+        ["buffers", "; ".join(f"{dev}: {a['how']}" for dev, a in (nd.get("arena") or {}).items()) or None],
         ["wall time", f"{nd.get('elapsed_s', '-')} s"],
     ]
     lines += _table(["", ""], [[k, v] for k, v in header if v not in (None, "None")])

@@ -5,9 +5,9 @@ Loads are masked (rows >= M, columns >= N) with 0 as the fill, and every sum ove
 sees 0 in padded lanes, so statistics divide by N, never by the padded width. Accumulation
 and statistics are float32; y is stored in x's dtype. Row offsets are 64-bit.
 
-The looped kernels take LOOP_N: None when compiled (the loop runs to the runtime N), N itself
-under the interpreter, whose loops need a Python int bound: it keeps scalar arguments as
-1-element numpy arrays, and numpy 2.4 refuses int() of those.
+The looped kernels take LOOP_CHUNKS: None when compiled (the loops run to cdiv(N, BLOCK_N) at
+run time), that count itself under the interpreter, whose loops need a Python int bound: it
+keeps scalar arguments as 1-element numpy arrays, and numpy 2.4 refuses int() of those.
 """
 import triton
 import triton.language as tl
@@ -55,23 +55,26 @@ def rms_norm_rowwise(
 @triton.jit
 def rms_norm_looped(
     X, W, Y, RSTD, M, N, stride_x, stride_y, eps,
-    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_N: tl.constexpr, ROUND_BF16: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_CHUNKS: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
-    # Pass 1: per-lane float32 sums of squares, reduced once at the end.
+    chunks = tl.cdiv(N, BLOCK_N)
+    # Pass 1: per-lane float32 sums of squares, reduced once at the end. x is loaded with
+    # evict_last so it is still in L2 when pass 2 reads it again.
     acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    for off in tl.range(0, N if LOOP_N is None else LOOP_N, BLOCK_N):
-        cols = off + tl.arange(0, BLOCK_N)
+    for c in tl.range(0, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
+        cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = rmask[:, None] & (cols < N)[None, :]
-        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         acc += x * x
     rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
-    # Pass 2: normalise and write.
-    for off in tl.range(0, N if LOOP_N is None else LOOP_N, BLOCK_N):
-        cols = off + tl.arange(0, BLOCK_N)
+    # Pass 2: normalise and write, last chunk first: the chunks pass 1 read last are the likeliest
+    # to be in L2 still. x and y are done with after this, so they leave L2 first.
+    for c in tl.range(0, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
+        cols = (chunks - 1 - c) * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]
-        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         y = x * rstd[:, None]
         if HAS_WEIGHT:
             w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -115,37 +118,39 @@ def layer_norm_rowwise(
 def layer_norm_looped(
     X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    LOOP_N: tl.constexpr, ROUND_BF16: tl.constexpr,
+    LOOP_CHUNKS: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
+    chunks = tl.cdiv(N, BLOCK_N)
     k = tl.load(X + xoff, mask=rmask, other=0.0).to(tl.float32)
-    # Pass 1: each chunk's (count, mean, M2) by two passes over the tile in registers, merged
-    # into the running triple with Chan's parallel formula; no E[x^2] - E[x]^2 cancellation.
-    count = tl.zeros([ROWS], dtype=tl.float32)
-    mean_s = tl.zeros([ROWS], dtype=tl.float32)
-    m2 = tl.zeros([ROWS], dtype=tl.float32)
-    for off in tl.range(0, N if LOOP_N is None else LOOP_N, BLOCK_N):
-        cols = off + tl.arange(0, BLOCK_N)
-        cmask = cols < N
-        mask = rmask[:, None] & cmask[None, :]
-        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        xs = tl.where(mask, x - k[:, None], 0.0)
-        c = tl.sum(cmask.to(tl.float32), axis=0)  # valid columns in this chunk
-        c_mean = tl.sum(xs, axis=1) / c
-        dc = tl.where(mask, xs - c_mean[:, None], 0.0)
-        c_m2 = tl.sum(dc * dc, axis=1)
-        total = count + c
-        delta = c_mean - mean_s
-        mean_s = mean_s + delta * (c / total)
-        m2 = m2 + c_m2 + delta * delta * (count * (c / total))
-        count = total
+    # Pass 1: a Welford (mean, M2) per lane, so no cross-thread reduction until the end. Lane j
+    # sees one element per chunk, and every chunk but the last is full, so at chunk c each valid
+    # lane has seen exactly c + 1 elements: one scalar reciprocal per chunk, no division per
+    # element. The lanes are then merged in one step against the row's mean:
+    # M2 = sum(M2_lane) + sum(count_lane * (mean_lane - mean)^2), no E[x^2] - E[x]^2 cancellation.
+    mean_l = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    m2_l = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    count_l = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    for c in tl.range(0, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
+        cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = rmask[:, None] & (cols < N)[None, :]
+        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        xs = x - k[:, None]
+        inv = 1.0 / (c + 1.0)
+        delta = tl.where(mask, xs - mean_l, 0.0)
+        mean_l += delta * inv
+        m2_l += delta * (xs - mean_l)  # delta is 0 where masked
+        count_l += mask.to(tl.float32)
+    mean_s = tl.sum(mean_l * count_l, axis=1) / N
+    dev = mean_l - mean_s[:, None]
+    m2 = tl.sum(m2_l + count_l * dev * dev, axis=1)
     rstd = tl.rsqrt(m2 / N + eps)
-    # Pass 2: normalise and write.
-    for off in tl.range(0, N if LOOP_N is None else LOOP_N, BLOCK_N):
-        cols = off + tl.arange(0, BLOCK_N)
+    # Pass 2: normalise and write, last chunk first (still in L2, see rms_norm_looped).
+    for c in tl.range(0, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
+        cols = (chunks - 1 - c) * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]
-        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         y = ((x - k[:, None]) - mean_s[:, None]) * rstd[:, None]
         if HAS_WEIGHT:
             w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
