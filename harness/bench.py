@@ -226,10 +226,10 @@ class BenchContext:
 
     def arena(self, device: str) -> "Arena":
         """The one buffer every benchmark on ``device`` takes its x, parameters and outputs from,
-        sized for the largest shape of the session and allocated once, so a shape's tensors sit
-        at the same addresses in every pass of the sweep. With a fresh allocation per shape, the
-        medians of kernels that read x twice moved by up to 12% between passes at one shape,
-        while each pass was tight within itself (docs/perf-notes.md)."""
+        sized for the largest shape of the session and allocated once. Nothing is handed back to
+        the driver during the session (no ``empty_cache``): after tens of GB were freed, the
+        next kernel timed ran up to 7% slow for a fraction of a second, longer than the settle
+        step, while the placement of x made no difference (docs/perf-notes.md)."""
         if device not in self._arenas:
             need = max((Arena.layout(it.shape)[1] for it in self.items.values()
                         if device_for(it.kernel) == device), default=0)
@@ -247,8 +247,6 @@ class BenchContext:
             views["x"].copy_(torch.randn(s.m, s.n, generator=gen, device=device, dtype=dtype))
             views["w"].copy_((1.0 + 0.5 * torch.randn(s.n, generator=gen, device=device)).to(dtype))
             views["b"].copy_((0.5 * torch.randn(s.n, generator=gen, device=device)).to(dtype))
-            if device == "cuda":
-                torch.cuda.empty_cache()  # the generator's temporaries
             self._inputs_key, self._inputs = key, (views["x"], views["w"], views["b"])
         return self._inputs
 
@@ -354,8 +352,6 @@ class Arena:
         parts, need = self.layout(s)
         if need > self.buf.numel():
             del self.buf
-            if self.device == "cuda":
-                torch.cuda.empty_cache()
             self.buf = torch.empty(need, dtype=torch.uint8, device=self.device)
         return {name: self.buf[off:off + math.prod(shape) * dt.itemsize].view(dt).view(shape)
                 for name, (off, dt, shape) in parts.items()}

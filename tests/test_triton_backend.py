@@ -6,7 +6,7 @@ import torch
 import impls.triton as tri
 from impls.base import UnsupportedCase
 from impls.reference import reference
-from impls.triton._launch import ROWWISE_MAX_N, launch_config
+from impls.triton._launch import LOOPED_MAX_BLOCK, ROWWISE_MAX_N, launch_config, looped_block, next_pow2
 
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -16,13 +16,22 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("looped", [False, True])
 def test_launch_config_covers_the_row(n, dtype, looped):
-    cfg = launch_config(n, dtype, looped)
-    assert cfg.block_n & (cfg.block_n - 1) == 0 and 1 <= cfg.rows <= 64
-    assert cfg.num_warps in (1, 2, 4, 8, 16, 32)
-    if looped:
-        assert cfg.block_n * dtype.itemsize <= 16384
-    else:
-        assert cfg.block_n >= n  # one tile holds the whole row
+    for op in ("rms_norm", "layer_norm"):
+        cfg = launch_config(n, dtype, looped, op)
+        assert cfg.block_n & (cfg.block_n - 1) == 0 and 1 <= cfg.rows <= 64
+        assert cfg.num_warps in (1, 2, 4, 8, 16, 32)
+        assert cfg.rows * cfg.block_n >= 32 * cfg.num_warps  # no idle threads
+        if looped:
+            assert cfg.block_n <= max(LOOPED_MAX_BLOCK, next_pow2(n))
+        else:
+            assert cfg.block_n >= n  # one tile holds the whole row
+
+
+def test_looped_chunks_cover_non_power_of_two_rows_with_little_padding():
+    """5120 = 5 x 1024 and 12288 = 3 x 4096 (or 6 x 2048) columns: no chunk of mostly masked lanes."""
+    for n in (5120, 12288, 20480, 3 * 8192):
+        block = looped_block(n, 2)
+        assert (-(-n // block)) * block - n <= n // 16, (n, block)
 
 
 def test_variant_is_chosen_by_n():

@@ -58,7 +58,7 @@ def settings(variant: str, n: int):
                     yield LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
 
 
-def plan(dtypes, ops, ns):
+def plan(dtypes, ops, ns, variants=("rowwise", "looped")):
     """(op, dtype, n, variant, cfg) in run order."""
     out = []
     for dtype in dtypes:
@@ -66,7 +66,7 @@ def plan(dtypes, ops, ns):
             for n in ns:
                 if dtype == "float32" and n not in FP32_NS:
                     continue
-                for variant in ("rowwise", "looped"):
+                for variant in variants:
                     if (variant == "rowwise" and n > ROWWISE_MAX_N) or (variant == "looped" and n < LOOPED_MIN_N):
                         continue
                     out += [(op, dtype, n, variant, cfg) for cfg in settings(variant, n)]
@@ -89,19 +89,22 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--ops", default="rms_norm,layer_norm")
     p.add_argument("--ns", default=",".join(map(str, NS)))
+    p.add_argument("--variants", default="rowwise,looped")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json")
     p.add_argument("--compile-part", help=argparse.SUPPRESS)  # "i/k": worker i of k
     args = p.parse_args(argv)
     registry.load_all()
-    entries = plan(args.dtypes.split(","), args.ops.split(","), [int(v) for v in args.ns.split(",")])
+    entries = plan(args.dtypes.split(","), args.ops.split(","), [int(v) for v in args.ns.split(",")],
+                   args.variants.split(","))
     if args.compile_part:
         i, k = map(int, args.compile_part.split("/"))
         compile_part(entries[i::k])
         return 0
 
     t0 = time.time()
-    base = [sys.executable, __file__, "--dtypes", args.dtypes, "--ops", args.ops, "--ns", args.ns]
+    base = [sys.executable, __file__, "--dtypes", args.dtypes, "--ops", args.ops, "--ns", args.ns,
+            "--variants", args.variants]
     workers = [subprocess.Popen(base + ["--compile-part", f"{i}/{args.jobs}"]) for i in range(args.jobs)]
     failed = sum(w.wait() != 0 for w in workers)
     print(f"compiled {len(entries)} settings in {time.time() - t0:.0f} s on {args.jobs} processes"

@@ -84,9 +84,10 @@ def rms_norm_looped(
 
 
 # -- LayerNorm ----------------------------------------------------------------------------------
-# Both LayerNorm kernels work on x - k, k being the row's first element: for rows with a large
-# mean (1e4 + noise) the shifted values are small and exact, so neither the mean nor x - mean
-# loses the noise to float32 rounding at the mean's magnitude.
+# Both LayerNorm kernels work on x - k, k near the row's mean (rowwise: the row's first element;
+# looped: the first chunk's mean): for rows with a large mean (1e4 + noise) the shifted values
+# are small and exact, so neither the mean nor x - mean loses the noise to float32 rounding at
+# the mean's magnitude.
 @triton.jit
 def layer_norm_rowwise(
     X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
@@ -122,29 +123,28 @@ def layer_norm_looped(
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     chunks = tl.cdiv(N, BLOCK_N)
-    k = tl.load(X + xoff, mask=rmask, other=0.0).to(tl.float32)
-    # Pass 1: a Welford (mean, M2) per lane, so no cross-thread reduction until the end. Lane j
-    # sees one element per chunk, and every chunk but the last is full, so at chunk c each valid
-    # lane has seen exactly c + 1 elements: one scalar reciprocal per chunk, no division per
-    # element. The lanes are then merged in one step against the row's mean:
-    # M2 = sum(M2_lane) + sum(count_lane * (mean_lane - mean)^2), no E[x^2] - E[x]^2 cancellation.
-    mean_l = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    m2_l = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    count_l = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    for c in tl.range(0, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
+    # Pass 1: per-lane sums of s = x - k and of s^2, reduced once at the end (as RMSNorm's sum of
+    # squares: a few operations per element, no block reduction per chunk). The shift k is the
+    # mean of the first chunk, so s carries no large common part and var = E[s^2] - E[s]^2 keeps
+    # float32 precision, large-mean rows included; it would lose it only where the rest of the
+    # row's mean lay many standard deviations from the first chunk's.
+    cols = tl.arange(0, BLOCK_N)
+    mask = rmask[:, None] & (cols < N)[None, :]
+    x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    k = tl.sum(x, axis=1) / tl.minimum(N, BLOCK_N).to(tl.float32)
+    sh = tl.where(mask, x - k[:, None], 0.0)
+    s1 = sh
+    s2 = sh * sh
+    for c in tl.range(1, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
         cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = rmask[:, None] & (cols < N)[None, :]
         x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        xs = x - k[:, None]
-        inv = 1.0 / (c + 1.0)
-        delta = tl.where(mask, xs - mean_l, 0.0)
-        mean_l += delta * inv
-        m2_l += delta * (xs - mean_l)  # delta is 0 where masked
-        count_l += mask.to(tl.float32)
-    mean_s = tl.sum(mean_l * count_l, axis=1) / N
-    dev = mean_l - mean_s[:, None]
-    m2 = tl.sum(m2_l + count_l * dev * dev, axis=1)
-    rstd = tl.rsqrt(m2 / N + eps)
+        sh = tl.where(mask, x - k[:, None], 0.0)
+        s1 += sh
+        s2 += sh * sh
+    mean_s = tl.sum(s1, axis=1) / N
+    var = tl.maximum(tl.sum(s2, axis=1) / N - mean_s * mean_s, 0.0)
+    rstd = tl.rsqrt(var + eps)
     # Pass 2: normalise and write, last chunk first (still in L2, see rms_norm_looped).
     for c in tl.range(0, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
         cols = (chunks - 1 - c) * BLOCK_N + tl.arange(0, BLOCK_N)

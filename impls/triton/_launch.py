@@ -16,16 +16,46 @@ from impls.base import NormKernel, cuda_present
 
 # Largest N the rowwise kernels hold in one tile; the looped ones take any N.
 ROWWISE_MAX_N = 65536
-# Elements of one [ROWS, BLOCK_N] tile to aim for: about 16 KiB of float32 accumulators.
+# Elements of one [ROWS, BLOCK_N] tile to aim for where the table below is silent: about 16 KiB
+# of float32 accumulators.
 TILE_ELEMS = 4096
 # Cap on rows per program, so tiny N still leaves several programs for moderate M.
 MAX_ROWS = 64
-# Bytes of x one looped chunk reads: 4096 float32 or 8192 float16/bfloat16 elements.
-CHUNK_BYTES = 16384
-# Threads of a program hold this many float32 working values each (the compute is float32
-# whatever x's dtype); 32 warps at most (1024 threads).
+# Threads of a program hold this many float32 working values each where the table is silent
+# (the compute is float32 whatever x's dtype); 32 warps at most (1024 threads).
 PER_THREAD = 16
 MAX_WARPS = 32
+# Looped kernels: widest chunk (elements), and float32 values per thread in a chunk: 8, one
+# 16-byte load of 16-bit x, measured best at every N of the sweep.
+LOOPED_MAX_BLOCK = 8192
+LOOPED_PER_THREAD = 8
+
+# Rowwise launch settings measured fastest on an H200 (tools/triton_sweep.py, 2026-11-29,
+# reports/h200/triton-sweep.json): (op, bytes per element, tile width) -> (rows per program,
+# warps). The fewest warps that still hold the row without spilling win: 16-32 float32 values
+# per thread, where the old rule's 16 cost up to 30 points for LayerNorm (two reductions, one
+# block per SM). Tile widths not measured fall back to the rule.
+ROWWISE_TUNED = {
+    ("rms_norm", 2, 1024): (2, 2), ("rms_norm", 2, 2048): (1, 4), ("rms_norm", 2, 4096): (1, 8),
+    ("rms_norm", 2, 8192): (1, 8), ("rms_norm", 2, 16384): (1, 32), ("rms_norm", 2, 32768): (1, 16),
+    ("layer_norm", 2, 1024): (1, 2), ("layer_norm", 2, 2048): (1, 4), ("layer_norm", 2, 4096): (2, 8),
+    ("layer_norm", 2, 8192): (1, 8), ("layer_norm", 2, 16384): (1, 16), ("layer_norm", 2, 32768): (1, 32),
+    ("rms_norm", 4, 1024): (1, 4), ("rms_norm", 4, 4096): (1, 16), ("rms_norm", 4, 8192): (1, 16),
+    ("rms_norm", 4, 16384): (1, 32),
+    ("layer_norm", 4, 1024): (1, 4), ("layer_norm", 4, 4096): (1, 16), ("layer_norm", 4, 8192): (1, 8),
+    ("layer_norm", 4, 16384): (1, 16),
+}
+
+# Looped launch settings measured fastest on the same sweep: (op, bytes per element, N) ->
+# (chunk width, rows per program, warps).
+LOOPED_TUNED = {
+    ("rms_norm", 2, 4000): (1024, 1, 4), ("rms_norm", 2, 4096): (1024, 1, 4), ("rms_norm", 2, 5120): (1024, 1, 4),
+    ("rms_norm", 2, 8192): (2048, 1, 8), ("rms_norm", 2, 12288): (4096, 2, 16), ("rms_norm", 2, 16384): (4096, 1, 16),
+    ("rms_norm", 2, 32768): (8192, 1, 32), ("rms_norm", 2, 65536): (8192, 1, 32), ("rms_norm", 2, 131072): (8192, 1, 32),
+    ("rms_norm", 2, 262144): (8192, 1, 32),
+    ("rms_norm", 4, 4096): (4096, 1, 8), ("rms_norm", 4, 5120): (4096, 1, 8), ("rms_norm", 4, 12288): (4096, 2, 32),
+    ("rms_norm", 4, 16384): (8192, 1, 32), ("rms_norm", 4, 65536): (8192, 1, 32),
+}
 
 
 def interpret_requested() -> bool:
@@ -47,30 +77,45 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def launch_config(n: int, dtype: torch.dtype, looped: bool) -> LaunchConfig:
-    """Launch settings from (N, dtype) alone; no autotuning.
+def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm") -> LaunchConfig:
+    """Launch settings from (op, N, dtype) alone; no autotuning.
 
-    - BLOCK_N: next power of two >= N for rowwise; for looped ``looped_block``: at most one
-      chunk of CHUNK_BYTES of x (4096 float32 / 8192 16-bit elements), little padding.
-    - rows per program: TILE_ELEMS // BLOCK_N, clamped to [1, MAX_ROWS], so short rows share a
-      program (fewer, fuller programs on the GPU, and far fewer Python steps in the interpreter).
-    - num_warps: enough 32-thread warps for PER_THREAD (16) tile elements per thread, rounded
-      down to a power of two in [1, MAX_WARPS]; e.g. 8 for a 4096-element tile, 32 for N=65536
-      (64 per thread: ptxas for sm_90 still spills a little for N >= 32768, far less than at 16).
+    From the tables where the sweep measured that shape class (ROWWISE_TUNED by tile width,
+    LOOPED_TUNED by N); otherwise by rule:
+
+    - rowwise: the tile is the row padded to a power of two; rows = TILE_ELEMS // BLOCK_N in
+      [1, MAX_ROWS] (short rows share a program: fuller programs on the GPU, and far fewer
+      Python steps in the interpreter); warps for PER_THREAD values per thread.
+    - looped: one row per program, chunks of ``looped_block`` columns, LOOPED_PER_THREAD values
+      per thread. Rows that fit one 1024-wide tile are run as rowwise would run them.
     """
-    itemsize = dtype.itemsize
-    block_n = looped_block(n, itemsize) if looped else next_pow2(n)
+    block_n = next_pow2(n)
+    if looped and block_n > 1024:
+        tuned = LOOPED_TUNED.get((op, dtype.itemsize, n))
+        if tuned:
+            return LaunchConfig(*tuned)
+        block_n = looped_block(n, dtype.itemsize)
+        return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * LOOPED_PER_THREAD)))
+    tuned = ROWWISE_TUNED.get((op, dtype.itemsize, block_n))
+    if tuned:
+        return LaunchConfig(block_n=block_n, rows=tuned[0], num_warps=tuned[1])
     rows = max(1, min(MAX_ROWS, TILE_ELEMS // block_n))
-    warps = max(1, (rows * block_n) // (32 * PER_THREAD))
-    warps = min(MAX_WARPS, 1 << (warps.bit_length() - 1))
-    return LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
+    return LaunchConfig(block_n=block_n, rows=rows, num_warps=_warps(rows * block_n // (32 * PER_THREAD)))
+
+
+def _warps(w: int) -> int:
+    """A power of two in [1, MAX_WARPS], rounded down."""
+    return min(MAX_WARPS, 1 << (max(1, w).bit_length() - 1))
 
 
 def looped_block(n: int, itemsize: int) -> int:
-    """Chunk width of the looped kernels: the widest power of two of at most CHUNK_BYTES of x
-    whose chunks cover N with under 1/16 of padding (5120 -> 1024 x 5, 12288 -> 4096 x 3); masked
-    lanes load nothing but still hold threads."""
-    block_n = min(next_pow2(n), CHUNK_BYTES // itemsize)
+    """Chunk width of the looped kernels where LOOPED_TUNED is silent, after what the sweep
+    found fastest: for 16-bit x about a quarter of the row (8192 -> 2048, 16384 -> 4096), for
+    float32 x the widest chunk; both within [1024, LOOPED_MAX_BLOCK], then narrowed until the
+    chunks cover N with under 1/16 of padding (12288 -> 4096 x 3): masked lanes load nothing
+    but still hold threads."""
+    target = n // 4 if itemsize <= 2 else next_pow2(n)
+    block_n = max(1024, min(LOOPED_MAX_BLOCK, 1 << max(0, target.bit_length() - 1)))
     while block_n > 1024 and cdiv(n, block_n) * block_n - n > n // 16:
         block_n //= 2
     return block_n
@@ -141,7 +186,7 @@ class TritonKernel(NormKernel):
         return None
 
     def config(self, n: int, dtype: torch.dtype) -> LaunchConfig:
-        return launch_config(n, dtype, looped=self.variant == "looped")
+        return launch_config(n, dtype, looped=self.variant == "looped", op=self.op)
 
     def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, **meta) -> None:
         """Run one program per cfg.rows rows, on x's device."""
