@@ -143,7 +143,8 @@ def layer_norm_looped(
         s1 += sh
         s2 += sh * sh
     mean_s = tl.sum(s1, axis=1) / N
-    var = tl.maximum(tl.sum(s2, axis=1) / N - mean_s * mean_s, 0.0)
+    var = tl.sum(s2, axis=1) / N - mean_s * mean_s
+    var = tl.where(var < 0.0, 0.0, var)  # rounding below zero; not tl.maximum: on the GPU it drops NaN
     rstd = tl.rsqrt(var + eps)
     # Pass 2: normalise and write, last chunk first (still in L2, see rms_norm_looped).
     for c in tl.range(0, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
