@@ -139,6 +139,10 @@ def make_x(dist: str, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Gen
         x = normal() * (1e-4 if dtype == torch.float16 else 1e-12)
     elif dist == "huge":  # squares overflow a half-precision accumulator, not a float32 one
         x = normal() * (1e4 if dtype == torch.float16 else 1e12)
+    elif dist == "outlier_first":  # the row's first element far out: a shift by x[row, 0] then
+        # leaves E[s^2] - E[s]^2 to cancel (a cheap guard against large means, wrong here)
+        x = normal()
+        x[..., 0] = 8 * shape[-1] ** 0.5
     elif dist == "nan_row":  # one NaN in one row: that row's outputs are NaN, no other row's
         x = normal()
         flat = x.view(-1, shape[-1])
@@ -177,7 +181,7 @@ def _catalogue(profile: str) -> list[Case]:
 
     # Distributions: cancellation, zero variance, extreme magnitudes, NaN isolation.
     dist_n = (129, 1000, 4000, 4097) if not full else (129, 1000, 4000, 4096, 4097, 12345, 65536)
-    for dist in ("large_mean", "constant", "offset", "nan_row"):
+    for dist in ("large_mean", "constant", "offset", "outlier_first", "nan_row"):
         for n in dist_n if dist in ("large_mean", "offset") else (1000, 4096):
             for dt in all_dtypes:
                 add(_both_ops(dtype=dt, shape=(17 if not full else 1025, n), dist=dist, tags=(dist,)))

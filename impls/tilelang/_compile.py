@@ -139,7 +139,7 @@ def compile_plan(plan: Plan, target: dict | None = None) -> Compiled:
         from impls.tilelang import _programs  # imports tilelang.language
 
         t0 = time.perf_counter()
-        program = _programs.builder(plan.variant)(plan)
+        program = _programs.BUILDERS[plan.variant](plan)
         kernel = compile_program(program, plan, target)
         COMPILE_COUNT += 1
         compiled = Compiled(plan, target, kernel, time.perf_counter() - t0)

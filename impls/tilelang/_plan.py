@@ -22,17 +22,12 @@ SPLITK_THREADS = 256
 NAIVE_THREADS = 256
 VECTOR_BYTES = 16  # one 128-bit load or store
 
-# Candidate LayerNorm programs (impls.tilelang._programs.LN_CANDIDATES), compiled by the same
-# path as the registered kernels and timed against layer_norm_fwd by tools/tilelang_ln_probe.py.
-# Swapping one in: set ``variant`` in impls/tilelang/layer_norm.py to its name.
-LN_CANDIDATE_VARIANTS = ("ln_a", "ln_b", "ln_c")
-LN_VARIANTS = ("layer_norm_fwd", *LN_CANDIDATE_VARIANTS)
-# ln_b, ln_c: vectors each thread holds (64 bytes of x per thread in any dtype).
-LN_WIDE_VECTORS = 4
-# Register budget per thread that ln_min_blocks_per_sm aims __launch_bounds__ at, by vectors
-# per thread (ptxas keeps these spill-free at sm_90; see the probe's --ptxas table).
+# layer_norm_fwd: vectors each thread holds (64 bytes of x in any dtype; 2 for N <= 2048, where
+# that measured faster), and the register budget per thread its launch bound aims ptxas at, by
+# vectors per thread (spill-free at sm_90 in every dtype and N of the sweep).
+LN_VECTORS, LN_SHORT_VECTORS, LN_SHORT_N = 4, 2, 2048  # fragment: always 2
 LN_REG_BUDGET = ((2, 40), (4, 64))
-# float32 keeps 8 vectors (32 values) per thread in 64 registers; 16-bit types spill 236-312 B.
+# float32 keeps 8 vectors (32 values) per thread in 64 registers; 16-bit types would spill.
 LN_REG_BUDGET_F32 = ((2, 40), (8, 64))
 SM_REGISTERS = 65536
 SM_MAX_THREADS = 2048
@@ -93,18 +88,11 @@ def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, 
         while seg // 2 >= n and seg // 2 >= tpr * vec:
             seg //= 2
         return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, 1, seg)
-    if variant in ("ln_b", "ln_c"):
-        # About LN_WIDE_VECTORS vectors per thread, 32..512 threads per row: fewer threads per
-        # row (fewer shared-memory levels in each reduction) and more x per register.
+    if variant in ("fragment", "layer_norm_fwd"):
+        per_thread = LN_VECTORS if variant == "layer_norm_fwd" and n > LN_SHORT_N else LN_SHORT_VECTORS
         vectors = -(-n // vec)
-        tpr = min(MAX_THREADS, max(32, _pow2_at_least(-(-vectors // LN_WIDE_VECTORS))))
-        rows = max(1, MIN_BLOCK_THREADS // tpr)
-        padded = -(-n // (tpr * vec)) * (tpr * vec)
-        return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, padded)
-    if variant in ("fragment", "layer_norm_fwd", "ln_a"):
-        vectors = -(-n // vec)
-        # About two vectors per thread, 32..512 threads per row.
-        tpr = min(MAX_THREADS, max(32, _pow2_at_least(-(-vectors // 2))))
+        # About per_thread vectors per thread, 32..512 threads per row.
+        tpr = min(MAX_THREADS, max(32, _pow2_at_least(-(-vectors // per_thread))))
         rows = max(1, MIN_BLOCK_THREADS // tpr)
         padded = -(-n // (tpr * vec)) * (tpr * vec)
         return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, padded)
@@ -116,12 +104,12 @@ def vectors_per_thread(plan: Plan) -> int:
 
 
 def ln_min_blocks_per_sm(plan: Plan) -> int:
-    """The LayerNorm candidates' ``minBlocksPerMultiprocessor`` (``__launch_bounds__``): as many
-    blocks as fit in the register file at LN_REG_BUDGET registers per thread, so ptxas stops at
-    that budget instead of the 51..80 registers it takes under a bound of one block (which holds
-    layer_norm_fwd to 1..4 blocks, 24..32 KB of x in flight per SM). 1 (no bound) above 4
-    vectors per thread (8 for float32), where the row itself fills the registers (64 spills
-    there: 236-312 bytes at bf16/fp16 N = 32768)."""
+    """layer_norm_fwd's ``minBlocksPerMultiprocessor`` (``__launch_bounds__``): as many blocks as
+    fit in the register file at LN_REG_BUDGET registers per thread, so ptxas stops at that
+    budget instead of the 46..80 registers it takes under a bound of one block (1..4 blocks,
+    24..36 KB of x in flight per SM). 1 (no bound) above 4 vectors per thread (8 for float32),
+    where the row itself fills the registers (64 would spill 236-312 bytes at bf16/fp16
+    N = 32768)."""
     vpt = vectors_per_thread(plan)
     table = LN_REG_BUDGET_F32 if plan.dtype == "float32" else LN_REG_BUDGET
     budget = next((regs for most, regs in table if vpt <= most), None)

@@ -182,11 +182,20 @@ def rms_norm_splitk(plan: Plan):
 def layer_norm_fwd(plan: Plan):
     """One read of x, the padded row in a register fragment. Mean first, then the variance of
     the centred row (padded lanes centred to zero, not to -mean), both over N: no
-    E[x^2] - E[x]^2 cancellation on large-mean rows."""
+    E[x^2] - E[x]^2 cancellation on large-mean rows (nor on rows whose first element is far
+    from the mean, which a shift by x[row, 0] would suffer).
+
+    Speed comes from occupancy: TileLang's default ``__launch_bounds__(threads, 1)`` let ptxas
+    spend 46-80 registers, leaving 1-4 blocks per SM and 24-36 KB of x in flight, where HBM
+    wants more. The plan gives each thread about 4 vectors (2 for N <= 2048), and the launch
+    bound ``ln_min_blocks_per_sm`` holds ptxas to 40 or 64 registers."""
+    from impls.tilelang._plan import ln_min_blocks_per_sm
+
     N, R, P, vec, dt = plan.n, plan.rows_per_block, plan.padded, plan.vec, plan.dtype
     NW, NB = _signature_sizes(plan)
     M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
     has_w, has_b = plan.has_weight, plan.has_bias
+    min_blocks = ln_min_blocks_per_sm(plan)
 
     @T.prim_func
     def main(
@@ -194,6 +203,8 @@ def layer_norm_fwd(plan: Plan):
         MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(M, R), threads=plan.threads) as bx:
+            if min_blocks > 1:
+                T.annotate_min_blocks_per_sm(min_blocks)
             xr = T.alloc_fragment((R, P), dt)
             d = T.alloc_fragment((R, P), F32)
             mean = T.alloc_fragment((R,), F32)
@@ -240,199 +251,3 @@ BUILDERS = {
     "splitk": rms_norm_splitk,
     "layer_norm_fwd": layer_norm_fwd,
 }
-
-
-# -- LayerNorm candidates ----------------------------------------------------------------------
-# Same signature, call convention and semantics as layer_norm_fwd (float32 statistics, padded
-# lanes excluded, divisor N, optional weight and bias, strided rows via sxv/syv, symbolic M,
-# guarded stores, mean and rstd per row); make_plan gives each its plan. Swapping one in: set
-# ``variant`` in impls/tilelang/layer_norm.py to its name. Diagnosis and measurements:
-# tools/tilelang_ln_probe.py.
-
-
-def _ln_two_pass(plan: Plan):
-    """layer_norm_fwd's body (mean, then the variance of the centred row) under
-    ``__launch_bounds__(threads, ln_min_blocks_per_sm(plan))``."""
-    from impls.tilelang._plan import ln_min_blocks_per_sm
-
-    N, R, P, vec, dt = plan.n, plan.rows_per_block, plan.padded, plan.vec, plan.dtype
-    NW, NB = _signature_sizes(plan)
-    M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
-    has_w, has_b = plan.has_weight, plan.has_bias
-    min_blocks = ln_min_blocks_per_sm(plan)
-
-    @T.prim_func
-    def main(
-        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), B: T.Tensor((NB,), dt), Y: T.Tensor((LY,), dt),
-        MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
-    ):
-        with T.Kernel(T.ceildiv(M, R), threads=plan.threads) as bx:
-            if min_blocks > 1:
-                T.annotate_min_blocks_per_sm(min_blocks)
-            xr = T.alloc_fragment((R, P), dt)
-            d = T.alloc_fragment((R, P), F32)
-            mean = T.alloc_fragment((R,), F32)
-            var = T.alloc_fragment((R,), F32)
-            T.annotate_layout({xr: _row_layout(plan, R, P), d: _row_layout(plan, R, P)})
-            for r, j in T.Parallel(R, P):
-                xr[r, j] = T.if_then_else(
-                    (j < N) & (bx * R + r < M), X[T.cast(bx * R + r, "int64") * sxv * vec + j], T.cast(0, dt))
-            for r, j in T.Parallel(R, P):
-                d[r, j] = T.cast(xr[r, j], F32)
-            T.reduce_sum(d, mean, dim=1)
-            for r in T.Parallel(R):
-                mean[r] = mean[r] / N
-            for r, j in T.Parallel(R, P):
-                d[r, j] = T.if_then_else(j < N, (T.cast(xr[r, j], F32) - mean[r]) * (T.cast(xr[r, j], F32) - mean[r]), 0.0)
-            T.reduce_sum(d, var, dim=1)
-            for r in T.Parallel(R):
-                var[r] = T.rsqrt(var[r] / N + eps)  # var now holds rstd
-            for r, j in T.Parallel(R, P):
-                if (j < N) & (bx * R + r < M):
-                    if has_w and has_b:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - mean[r]) * var[r] * T.cast(W[j], F32) + T.cast(B[j], F32), dt)
-                    elif has_w:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - mean[r]) * var[r] * T.cast(W[j], F32), dt)
-                    elif has_b:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - mean[r]) * var[r] + T.cast(B[j], F32), dt)
-                    else:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - mean[r]) * var[r], dt)
-            for r in T.Parallel(R):
-                if bx * R + r < M:
-                    MEAN[bx * R + r] = mean[r]
-                    RSTD[bx * R + r] = var[r]
-
-    return main
-
-
-def ln_occupancy(plan: Plan):
-    """ln_a: layer_norm_fwd unchanged (same plan, same two exact reductions) but with
-    ``__launch_bounds__(threads, k)``, k from ln_min_blocks_per_sm: ptxas then holds the
-    registers to 40 (2 vectors per thread) or 64 (3-4 vectors) instead of 46..80.
-    bf16 blocks per SM (x in flight per SM): 4096 4 -> 6 (32 -> 48 KB), 8192 2 -> 3 (32 -> 48 KB),
-    12288 and 16384 1 -> 2 (24/32 -> 48/64 KB), the occupancy of rms_norm_fragment.
-    Prediction: close to rms_norm_fragment (93-98%) from 1024 to 16384; 5120 (row padded to
-    8192) and 32768 (one block per SM) stay below."""
-    return _ln_two_pass(plan)
-
-
-def ln_wide(plan: Plan):
-    """ln_b: ln_a's program on a plan of about 4 vectors (64 bytes of x) per thread instead of
-    2: half the threads per row, so one shared-memory level less in each of the two reductions
-    (bf16 4096: 128 threads, one level per reduction instead of two), 32 threads per row at
-    bf16 N = 1024 (shuffles only, no barrier), 5120 padded to 6144 instead of 8192; registers
-    held to 64 (72 with several rows per block).
-    bf16 blocks x KB of x in flight per SM: 1024 7 x 8, 4096 8 x 8 = 64 KB, 8192 4 x 16 = 64 KB,
-    16384 2 x 32 = 64 KB (layer_norm_fwd: 36, 32, 32, 32 KB). Prediction: >= 95% from 1024 to
-    16384 except 5120 (~40 KB), 32768 as layer_norm_fwd (one block per SM)."""
-    return _ln_two_pass(plan)
-
-
-def ln_shifted(plan: Plan):
-    """ln_c: ln_b's plan and launch bound, one reduction instead of two. Each row is shifted
-    by its first element c = x[row, 0] (s = x - c, exact for float32 differences of inputs of
-    one binade's neighbourhood), and sum(s) and sum(s^2) are reduced together by ONE batched
-    AllReduce (``reduce_sum(..., batch=2)``: both values share each level's barrier pair).
-    mean = c + E[s], var = max(E[s^2] - E[s]^2, 0). The shift keeps E[s^2] - E[s]^2 free of
-    cancellation for large-mean rows (1e4 + noise: |E[s]| ~ sigma) and exact for constant rows
-    (s = 0). Residual risk: a row whose first element is an outlier z sigmas from the mean
-    loses about z^2 * 2^-24 of var relatively (a single spike of sqrt(N) sigma at column 0:
-    ~N * 6e-8, 2e-3 at N = 32768; emulated at N = 4096 with a 4 sqrt(N) spike: rstd 5x the
-    probe's allowance) - no catalogue case has one, and layer_norm_fwd has no such weakness.
-    Padded lanes read c instead of zero, so their s is 0 without a per-element guard.
-    Prediction: barriers per block halved again; shortest non-load phase, so best at 32768
-    (one block per SM: the reductions are pure HBM idle time there); elsewhere about ln_b."""
-    from impls.tilelang._plan import ln_min_blocks_per_sm
-
-    N, R, P, vec, dt = plan.n, plan.rows_per_block, plan.padded, plan.vec, plan.dtype
-    tpr = plan.threads_per_row
-    per_thread = P // tpr
-    NW, NB = _signature_sizes(plan)
-    M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
-    has_w, has_b = plan.has_weight, plan.has_bias
-    min_blocks = ln_min_blocks_per_sm(plan)
-    # (row, statistic, column): both statistics of a column in the thread that holds x there.
-    pair_layout = T.Fragment(
-        (R, 2, P),
-        forward_thread_fn=lambda r, k, j: r * tpr + (j // vec) % tpr,
-        forward_index_fn=lambda r, k, j: k * per_thread + (j // (tpr * vec)) * vec + j % vec,
-    )
-
-    @T.prim_func
-    def main(
-        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), B: T.Tensor((NB,), dt), Y: T.Tensor((LY,), dt),
-        MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
-    ):
-        with T.Kernel(T.ceildiv(M, R), threads=plan.threads) as bx:
-            if min_blocks > 1:
-                T.annotate_min_blocks_per_sm(min_blocks)
-            xr = T.alloc_fragment((R, P), dt)
-            st = T.alloc_fragment((R, 2, P), F32)
-            c = T.alloc_fragment((R,), dt)  # x[row, 0]; also what padded lanes read, so their s is 0
-            sums = T.alloc_fragment((R, 2), F32)
-            pick = T.alloc_fragment((R, 2), F32)
-            ms = T.alloc_fragment((R,), F32)  # E[s]
-            rs = T.alloc_fragment((R,), F32)  # var, then rstd
-            T.annotate_layout({xr: _row_layout(plan, R, P), st: pair_layout})
-            for r in T.Parallel(R):
-                c[r] = T.if_then_else(bx * R + r < M, X[T.cast(bx * R + r, "int64") * sxv * vec], T.cast(0, dt))
-            # Padded lanes read c, not zero: their s is exactly 0 with no per-element guard (a
-            # guard here costs ptxas ~20 registers and spills at N = 4000).
-            for r, j in T.Parallel(R, P):
-                xr[r, j] = T.if_then_else(
-                    (j < N) & (bx * R + r < M), X[T.cast(bx * R + r, "int64") * sxv * vec + j], c[r])
-            for r, k, j in T.Parallel(R, 2, P):
-                st[r, k, j] = T.if_then_else(
-                    k == 0, T.cast(xr[r, j], F32) - T.cast(c[r], F32),
-                    (T.cast(xr[r, j], F32) - T.cast(c[r], F32)) * (T.cast(xr[r, j], F32) - T.cast(c[r], F32)))
-            T.reduce_sum(st, sums, dim=2, batch=2)
-            # A parallel loop may not name sums[r, 0] and sums[r, 1] by constant indices
-            # (TileLang's replication check): in-thread reductions over the pair pick them out.
-            for r, k in T.Parallel(R, 2):
-                pick[r, k] = T.if_then_else(k == 0, sums[r, k] / N, 0.0)
-            T.reduce_sum(pick, ms, dim=1)
-            for r, k in T.Parallel(R, 2):
-                pick[r, k] = T.if_then_else(k == 0, 0.0 - ms[r] * ms[r], sums[r, k] / N)
-            T.reduce_sum(pick, rs, dim=1)
-            for r in T.Parallel(R):
-                rs[r] = T.rsqrt(T.max(rs[r], 0.0) + eps)
-            for r, j in T.Parallel(R, P):
-                if (j < N) & (bx * R + r < M):
-                    if has_w and has_b:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - T.cast(c[r], F32) - ms[r]) * rs[r] * T.cast(W[j], F32) + T.cast(B[j], F32), dt)
-                    elif has_w:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - T.cast(c[r], F32) - ms[r]) * rs[r] * T.cast(W[j], F32), dt)
-                    elif has_b:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - T.cast(c[r], F32) - ms[r]) * rs[r] + T.cast(B[j], F32), dt)
-                    else:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - T.cast(c[r], F32) - ms[r]) * rs[r], dt)
-            for r in T.Parallel(R):
-                if bx * R + r < M:
-                    MEAN[bx * R + r] = T.cast(c[r], F32) + ms[r]
-                    RSTD[bx * R + r] = rs[r]
-
-    return main
-
-
-LN_CANDIDATES = {
-    "ln_a": ln_occupancy,
-    "ln_b": ln_wide,
-    "ln_c": ln_shifted,
-}
-
-
-def builder(variant: str):
-    """The builder of a registered kernel or of a LayerNorm candidate."""
-    if variant in BUILDERS:
-        return BUILDERS[variant]
-    if variant in LN_CANDIDATES:
-        return LN_CANDIDATES[variant]
-    raise KeyError(f"no TileLang program named {variant!r}")

@@ -17,16 +17,15 @@ from impls.base import SUPPORTED_DTYPES, dtype_name
 def main(argv: list[str] | None = None) -> int:
     from impls.tilelang import VARIANTS
     from impls.tilelang import _compile
-    from impls.tilelang._plan import LN_CANDIDATE_VARIANTS, LN_VARIANTS, choose_vec, make_plan
+    from impls.tilelang._plan import choose_vec, make_plan
 
     dtypes = {dtype_name(d): d for d in SUPPORTED_DTYPES}
     p = argparse.ArgumentParser(prog="python -m impls.tilelang.source", description=__doc__.splitlines()[0])
-    p.add_argument("--variant", required=True, choices=VARIANTS + LN_CANDIDATE_VARIANTS,
-                   help="a registered kernel or a LayerNorm candidate (impls.tilelang._programs.LN_CANDIDATES)")
+    p.add_argument("--variant", required=True, choices=VARIANTS)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(dtypes))
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--no-weight", action="store_true", help="compile the specialization without weight")
-    p.add_argument("--bias", action="store_true", help="layer_norm_fwd and the LayerNorm candidates: with bias (needs the weight)")
+    p.add_argument("--bias", action="store_true", help="layer_norm_fwd: with bias (needs the weight)")
     p.add_argument("--vec", type=int, default=None, help="vector width in elements (default: widest possible)")
     p.add_argument("--arch", default=None, help="e.g. sm_90 (default: the GPU here, else sm_90)")
     p.add_argument("--ptxas", action="store_true", help="also print registers, shared memory and spills")
@@ -34,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.n < 1:
         p.error("--n must be at least 1")
-    has_bias = a.bias and a.variant in LN_VARIANTS
+    has_bias = a.bias and a.variant == "layer_norm_fwd"
     dtype = dtypes[a.dtype]
     vec = a.vec or choose_vec(dtype, a.n)
     plan = make_plan(a.variant, dtype, a.n, not a.no_weight, has_bias, vec)

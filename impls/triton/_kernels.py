@@ -84,10 +84,16 @@ def rms_norm_looped(
 
 
 # -- LayerNorm ----------------------------------------------------------------------------------
-# Both LayerNorm kernels work on x - k, k near the row's mean (rowwise: the row's first element;
-# looped: the first chunk's mean): for rows with a large mean (1e4 + noise) the shifted values
-# are small and exact, so neither the mean nor x - mean loses the noise to float32 rounding at
-# the mean's magnitude.
+# Both LayerNorm kernels work on s = x - k, k an estimate of the row's mean (rowwise: sum(x) / N;
+# looped: the first chunk's mean). For rows with a large mean (1e4 + noise) s is small and
+# exact, so neither the mean nor x - mean loses the noise to float32 rounding at the mean's
+# magnitude. (The row's first element is not such an estimate: where it is an outlier, x - k
+# rounds at the outlier's magnitude; the catalogue's "outlier_first" rows catch that.)
+@triton.jit
+def _add_pair(a1, a2, b1, b2):
+    return a1 + b1, a2 + b2
+
+
 @triton.jit
 def layer_norm_rowwise(
     X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
@@ -97,13 +103,16 @@ def layer_norm_rowwise(
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
-    k = tl.load(X + xoff, mask=rmask, other=0.0).to(tl.float32)
     x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    k = tl.sum(x, axis=1) / N  # padded lanes hold 0
     xs = tl.where(mask, x - k[:, None], 0.0)  # padded lanes would hold -k
-    mean_s = tl.sum(xs, axis=1) / N
-    d = tl.where(mask, xs - mean_s[:, None], 0.0)  # padded lanes would hold -mean
-    rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)
-    y = d * rstd[:, None]
+    # One reduction of the pair (sum s, sum s^2): k is the row's mean up to rounding, so the
+    # correction E[s]^2 is tiny against E[s^2] and nothing cancels.
+    s1, s2 = tl.reduce((xs, xs * xs), 1, _add_pair)
+    mean_s = s1 / N
+    var = s2 / N - mean_s * mean_s
+    rstd = tl.rsqrt(tl.where(var < 0.0, 0.0, var) + eps)  # not tl.maximum: it drops NaN on the GPU
+    y = (xs - mean_s[:, None]) * rstd[:, None]
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y * w[None, :]
