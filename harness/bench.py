@@ -231,9 +231,18 @@ class BenchContext:
         next kernel timed ran up to 7% slow for a fraction of a second, longer than the settle
         step, while the placement of x made no difference (docs/perf-notes.md)."""
         if device not in self._arenas:
-            need = max((Arena.layout(it.shape)[1] for it in self.items.values()
-                        if device_for(it.kernel) == device), default=0)
-            self._arenas[device] = Arena(need, device)
+            shapes = [it.shape for it in self.items.values() if device_for(it.kernel) == device]
+            self._arenas[device] = Arena(max((Arena.layout(s)[1] for s in shapes), default=0), device)
+            if device == "cuda":
+                # What kernels allocate themselves (eager's y, a compiled graph's buffers) comes
+                # from the caching allocator: fill it once with memory already mapped and
+                # written, so no shape of either pass is the first to use fresh memory.
+                biggest = max((2 * s.m * s.n * DTYPES[s.dtype].itemsize for s in shapes), default=0)
+                try:
+                    torch.empty(biggest, dtype=torch.uint8, device=device).fill_(0)
+                except torch.OutOfMemoryError:
+                    pass  # the arena's fallback note already says memory is short
+                torch.cuda.synchronize()
         return self._arenas[device]
 
     def inputs(self, s: BenchShape, device: str):
