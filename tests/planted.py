@@ -85,6 +85,34 @@ class OnePassVariance(Correct):
         return mean, ((x * x).mean(-1) - mean * mean).clamp(min=0)
 
 
+class ShiftsByFirstElement(Correct):
+    """Centres on k = x[row, 0] before the statistics, a cheap guard against large means (this
+    project's Triton rowwise LayerNorm did it until the catalogue's outlier_first rows): x - k
+    rounds at k's magnitude, so a row whose first element is an outlier loses its spread."""
+
+    variant = "shifts_by_first_element"
+
+    def _forward(self, x, weight, bias, eps, out):
+        xf = x.float()
+        k = xf[:, :1]
+        xs = xf - k
+        mean_s = xs.mean(-1)
+        d = xs - mean_s[:, None]
+        rstd = self.inverse_std((d * d).mean(-1), eps)
+        self.write(out, self.affine(d * rstd[:, None], weight, bias), k[:, 0] + mean_s, rstd)
+
+
+class ClampDropsNan(Correct):
+    """Clamps the variance at zero with an IEEE maxNum (CUDA fmaxf; tl.maximum on the GPU),
+    which returns the number when the other operand is NaN: a NaN row reports rstd =
+    1/sqrt(eps) instead of NaN (this project's Triton looped LayerNorm, caught on the H200)."""
+
+    variant = "clamp_drops_nan"
+
+    def inverse_std(self, var, eps):
+        return torch.rsqrt(torch.fmax(var, torch.zeros_like(var)) + eps)
+
+
 class SkipsTailRows(Correct):
     """Launches M // ROWS_PER_BLOCK blocks instead of ceil(M / ROWS_PER_BLOCK)."""
 
@@ -187,5 +215,6 @@ PLANTED = {
     for cls in (
         EpsOutsideSqrt, DividesByPaddedN, OnePassVariance, SkipsTailRows, WritesPastRowEnd,
         RstdAsStd, IgnoresWeight, IgnoresBias, AccumulatesInBf16, LeaksNanAcrossRows, ModifiesInput,
+        ShiftsByFirstElement, ClampDropsNan,
     )
 }

@@ -31,6 +31,9 @@ EXPECTED = {
     "accumulates_in_bf16": (("rms_norm", "layer_norm"), _error_in("y", "rstd")),
     "leaks_nan_across_rows": (("rms_norm", "layer_norm"), _nan_leak),
     "modifies_input": (("rms_norm", "layer_norm"), _guard("input modified", "x")),
+    "shifts_by_first_element": (("layer_norm",), lambda r: r.case.dist == "outlier_first"
+                                and _error_in("y", "mean", "rstd")(r)),
+    "clamp_drops_nan": (("rms_norm", "layer_norm"), _nan_leak),
 }
 PAIRS = [(bug, op) for bug, (ops, _) in EXPECTED.items() for op in ops]
 
@@ -64,3 +67,13 @@ def test_control_passes_every_case(op):
     failures = [r.failure_message() for c in catalogue("quick") if c.op == op
                 for r in [check(kernel, c, oracle=oracle)] if not r.ok]
     assert not failures, "\n".join(failures[:5])
+
+
+def test_only_outlier_first_rows_catch_a_shift_by_the_first_element():
+    """The shift by x[row, 0] passes every other case, large-mean rows included (the shift is
+    there for them): the outlier_first rows are what the catalogue needs to catch it."""
+    kernel = PLANTED["shifts_by_first_element"]("layer_norm")
+    oracle = OracleCache()
+    failed = {c.dist for c in catalogue("quick") if c.op == "layer_norm"
+              for r in [check(kernel, c, oracle=oracle)] if not r.ok}
+    assert failed == {"outlier_first"}
