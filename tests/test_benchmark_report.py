@@ -259,3 +259,25 @@ def test_speed_targets_name_each_gap():
     assert len(dc) == 1 and dc[0]["gaps"] == ["tilelang 2.00 µs > liger.fused 1.50 µs"]
     md = "\n".join(targets.render(rows))
     assert "**1 of 2 shapes meet every target**" in md and "**0 of 1**" in md
+
+
+def test_arena_places_a_shape_at_the_same_addresses_every_time():
+    """Every shape's tensors come from one allocation at offsets fixed by the shape: no part
+    overlaps another, and asking again (the second pass) gives the same addresses."""
+    shapes = [bench.BenchShape(op, dt, m, n, "bandwidth") for op in ("rms_norm", "layer_norm")
+              for dt in ("float32", "bfloat16") for m, n in ((512, 1024), (128, 4000), (3, 7))]
+    arena = bench.Arena(max(bench.Arena.layout(s)[1] for s in shapes), "cpu")
+    base = arena.buf.data_ptr()
+    for s in shapes:
+        views = arena.views(s)
+        spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in views.values())
+        assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # no overlap
+        assert spans[-1][1] <= base + arena.buf.numel()
+        assert views["x"].shape == (s.m, s.n) and views["x"].dtype == bench.DTYPES[s.dtype]
+        assert views["rstd"].dtype == torch.float32 and views["rstd"].shape == (s.m,)
+        again = arena.views(s)
+        assert {k: t.data_ptr() for k, t in again.items()} == {k: t.data_ptr() for k, t in views.items()}
+    assert arena.buf.data_ptr() == base  # sized for the largest shape: never reallocated
+    big = bench.BenchShape("rms_norm", "float32", 4096, 4096, "bandwidth")
+    assert arena.views(big)["x"].shape == (4096, 4096)  # a shape it was not sized for: it grows
+    assert arena.buf.numel() >= bench.Arena.layout(big)[1]
