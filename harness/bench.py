@@ -10,7 +10,8 @@ Each benchmark, in order:
 1. skips with the reason when the kernel cannot run the shape here, or when a time would not mean
    anything (``NormKernel.bench_unavailable``: Triton under its interpreter);
 2. ``kernel.prepare(spec)`` (compilation, autotuning), then one call of ``_forward`` into outputs
-   poisoned with NaN, checked against the float64 oracle: no NaN left anywhere in the outputs, and
+   poisoned with NaN (x, parameters and outputs live in the session's ``Arena``, at the same
+   addresses in every pass), checked against the float64 oracle: no NaN left anywhere in the outputs, and
    every output within tolerance on a sample of rows spread over all M (rows are independent).
    A wrong result fails the benchmark: a fast wrong kernel is not a result;
 3. times ``kernel.bench_callable`` (the kernel's own work on prepared rows and outputs, no
@@ -240,6 +241,7 @@ class BenchContext:
                 biggest = max((2 * s.m * s.n * DTYPES[s.dtype].itemsize for s in shapes), default=0)
                 try:
                     torch.empty(biggest, dtype=torch.uint8, device=device).fill_(0)
+                    self._arenas[device].prefilled = biggest
                 except torch.OutOfMemoryError:
                     pass  # the arena's fallback note already says memory is short
                 torch.cuda.synchronize()
@@ -335,6 +337,7 @@ class Arena:
 
     def __init__(self, nbytes: int, device: str) -> None:
         self.device, self.fallback = device, None
+        self.prefilled = 0  # bytes of written memory left in the caching allocator (BenchContext.arena)
         try:
             self.buf = torch.empty(max(nbytes, self.ALIGN), dtype=torch.uint8, device=device)
         except torch.OutOfMemoryError as exc:
@@ -342,8 +345,12 @@ class Arena:
             self.buf = torch.empty(self.ALIGN, dtype=torch.uint8, device=device)
 
     def describe(self) -> str:
-        return self.fallback or (f"x, weight, bias and outputs of every shape in one {self.buf.numel() / 2**30:.2f} GiB "
-                                 "allocation, made once: the same addresses in every pass")
+        how = self.fallback or (f"x, weight, bias and outputs of every shape in one {self.buf.numel() / 2**30:.2f} GiB "
+                                "allocation, made once: the same addresses in every pass")
+        if self.prefilled:
+            how += (f"; the caching allocator filled once with {self.prefilled / 2**30:.2f} GiB of written memory "
+                    "for what kernels allocate themselves; no memory handed back during the session")
+        return how
 
     @classmethod
     def layout(cls, s: BenchShape) -> tuple[dict, int]:
