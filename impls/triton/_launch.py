@@ -35,7 +35,9 @@ LOOPED_PER_THREAD = 8
 # reports/h200/triton-sweep.json): (op, bytes per element, tile width) -> (rows per program,
 # warps). The fewest warps that still hold the row without spilling win: 16-32 float32 values
 # per thread, where the old rule's 16 cost up to 30 points for LayerNorm (two reductions, one
-# block per SM). Tile widths not measured fall back to the rule.
+# block per SM). Tile widths not measured fall back to the rule. Measured at f851eaa; the
+# LayerNorm rowwise kernel changed after that (a89e413: one pair reduction) and has not been
+# swept again.
 ROWWISE_TUNED = {
     ("rms_norm", 2, 1024): (2, 2), ("rms_norm", 2, 2048): (1, 4), ("rms_norm", 2, 4096): (1, 8),
     ("rms_norm", 2, 8192): (1, 8), ("rms_norm", 2, 16384): (1, 32), ("rms_norm", 2, 32768): (1, 16),
@@ -47,8 +49,9 @@ ROWWISE_TUNED = {
     ("layer_norm", 4, 16384): (1, 16),
 }
 
-# Looped launch settings measured fastest on the same sweep: (op, bytes per element, N) ->
-# (chunk width, rows per program, warps).
+# Looped launch settings measured fastest: (op, bytes per element, N) -> (chunk width, rows per
+# program, warps). RMSNorm from the same sweep; LayerNorm from its own sweep of the current
+# looped kernel (11022eb, reports/h200/triton-sweep-layer_norm-looped.json).
 LOOPED_TUNED = {
     ("rms_norm", 2, 4000): (1024, 1, 4), ("rms_norm", 2, 4096): (1024, 1, 4), ("rms_norm", 2, 5120): (1024, 1, 4),
     ("rms_norm", 2, 8192): (2048, 1, 8), ("rms_norm", 2, 12288): (4096, 2, 16), ("rms_norm", 2, 16384): (4096, 1, 16),
@@ -121,7 +124,7 @@ def looped_block(n: int, itemsize: int) -> int:
     """Chunk width of the looped kernels where LOOPED_TUNED is silent, after what the sweep
     found fastest: for 16-bit x about a quarter of the row (8192 -> 2048, 16384 -> 4096), for
     float32 x the widest chunk; both within [1024, LOOPED_MAX_BLOCK], then narrowed until the
-    chunks cover N with under 1/16 of padding (12288 -> 4096 x 3): masked lanes load nothing
+    chunks cover N with under 1/16 of padding (float32 12288 -> 4096 x 3): masked lanes load nothing
     but still hold threads."""
     target = n // 4 if itemsize <= 2 else next_pow2(n)
     block_n = max(1024, min(LOOPED_MAX_BLOCK, 1 << max(0, target.bit_length() - 1)))
