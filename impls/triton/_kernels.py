@@ -97,7 +97,8 @@ def _add_pair(a1, a2, b1, b2):
 @triton.jit
 def layer_norm_rowwise(
     X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEPARATE_SUMS: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -107,8 +108,15 @@ def layer_norm_rowwise(
     k = tl.sum(x, axis=1) / N  # padded lanes hold 0
     xs = tl.where(mask, x - k[:, None], 0.0)  # padded lanes would hold -k
     # One reduction of the pair (sum s, sum s^2): k is the row's mean up to rounding, so the
-    # correction E[s]^2 is tiny against E[s^2] and nothing cancels.
-    s1, s2 = tl.reduce((xs, xs * xs), 1, _add_pair)
+    # correction E[s]^2 is tiny against E[s^2] and nothing cancels. SEPARATE_SUMS (set under the
+    # interpreter only): the interpreter runs a reduction with a combine function as one
+    # sequential float32 loop, 1e-5 off at N = 65536, where the GPU reduces as a tree and
+    # tl.sum maps to numpy's pairwise sum; two tl.sum then keep the GPU's accuracy.
+    if SEPARATE_SUMS:
+        s1 = tl.sum(xs, axis=1)
+        s2 = tl.sum(xs * xs, axis=1)
+    else:
+        s1, s2 = tl.reduce((xs, xs * xs), 1, _add_pair)
     mean_s = s1 / N
     var = s2 / N - mean_s * mean_s
     rstd = tl.rsqrt(tl.where(var < 0.0, 0.0, var) + eps)  # not tl.maximum: it drops NaN on the GPU

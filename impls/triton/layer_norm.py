@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from impls.base import NormOutputs
 from impls.registry import register
-from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, TritonKernel
+from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, TritonKernel, state
 
 
 class _TritonLayerNorm(TritonKernel):
@@ -20,8 +20,11 @@ class _TritonLayerNorm(TritonKernel):
         self.launch(
             self._kernel_name, x, cfg,
             x, w, b, out.y, out.mean, out.rstd, m, n, x.stride(0), out.y.stride(0), eps,
-            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, **self._meta(),
         )
+
+    def _meta(self) -> dict:
+        return {}
 
 
 @register
@@ -29,6 +32,9 @@ class TritonLayerNormRowwise(_TritonLayerNorm):
     variant = "rowwise"
     max_n = ROWWISE_MAX_N
     _kernel_name = "layer_norm_rowwise"
+
+    def _meta(self) -> dict:
+        return {"SEPARATE_SUMS": state().interpreted}  # see _kernels.layer_norm_rowwise
 
 
 @register
