@@ -9,7 +9,7 @@ from harness import runner
 from harness.cases import DTYPES, Case
 
 # Distributions a drawn case may use (NaN rows stay in the catalogue: one NaN row per case).
-DISTS = ("normal", "offset", "large_mean", "constant", "tiny", "huge")
+DISTS = ("normal", "offset", "large_mean", "constant", "outlier_first", "tiny", "huge")
 
 
 @st.composite
