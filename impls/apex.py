@@ -77,14 +77,6 @@ class _Apex(NormKernel):
             return f"M*N={spec.rows * spec.n} exceeds apex's 32-bit element indexing (at most {MAX_ELEMENTS})"
         return None
 
-    def _call(self, x, weight, bias, eps):
-        raise NotImplementedError
-
-    def bench_callable(self, x, weight, bias, eps, out):
-        # The entry points allocate their outputs; copying into the caller's buffers is not their work.
-        x = x.contiguous()
-        return lambda: self._call(x, weight, bias, eps)
-
 
 @register
 class ApexRMSNorm(_Apex):

@@ -27,15 +27,13 @@ class TorchRMSNorm(_TorchEager):
     def stat_dtype(self, dtype, device):
         return torch.float32
 
+    def _call(self, x, weight, bias, eps):
+        return torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
-        y, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+        y, rstd = self._call(x, weight, bias, eps)
         out.y.copy_(y)
         out.rstd.copy_(rstd.view(-1))
-
-    def bench_callable(self, x, weight, bias, eps, out):
-        # aten allocates its outputs; the copies into the caller's buffers are not its work.
-        shape = [x.shape[-1]]
-        return lambda: torch.ops.aten._fused_rms_norm(x, shape, weight, eps)
 
 
 @register
@@ -43,12 +41,11 @@ class TorchLayerNorm(_TorchEager):
     op = "layer_norm"
     outputs = ("y", "mean", "rstd")
 
+    def _call(self, x, weight, bias, eps):
+        return torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
-        y, mean, rstd = torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+        y, mean, rstd = self._call(x, weight, bias, eps)
         out.y.copy_(y)
         out.mean.copy_(mean.view(-1))
         out.rstd.copy_(rstd.view(-1))
-
-    def bench_callable(self, x, weight, bias, eps, out):
-        shape = [x.shape[-1]]
-        return lambda: torch.native_layer_norm(x, shape, weight, bias, eps)

@@ -76,3 +76,18 @@ def test_registry_lists_builtins_and_refuses_unknown_names():
     assert registry.get("layer_norm", "torch").name == "torch.eager"
     with pytest.raises(KeyError, match="unknown backend"):
         registry.kernels(["nosuch"])
+
+
+def test_benchmarks_time_an_allocating_kernels_own_call_without_the_copy():
+    """A kernel whose entry point allocates its outputs (``_call``) is timed on that call alone;
+    any other kernel on ``_forward`` into the prepared buffers."""
+    x, w = torch.randn(4, 64), torch.ones(64)
+    eager = registry.get("rms_norm", "torch", "eager")
+    out = eager.allocate(x)
+    for t in out.fields().values():
+        t.fill_(float("nan"))
+    y, rstd = eager.bench_callable(x, w, None, 1e-6, out)()
+    assert y.shape == x.shape and torch.isnan(out.y).all()  # its own outputs; out untouched
+    planted = Correct("rms_norm")
+    planted.bench_callable(x, w, None, 1e-6, out)()
+    assert not torch.isnan(out.y).any()
