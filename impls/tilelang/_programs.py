@@ -40,6 +40,16 @@ def _row_layout(plan: Plan, rows: int, cols: int):
     )
 
 
+def _affine(v, W, B, j, has_w: bool, has_b: bool):
+    """float32 ``v * W[j] + B[j]``, with only the terms the kernel has. Plain Python, run while
+    TileLang parses a program: it returns the expression each kernel stores, with no branch in it."""
+    if has_w:
+        v = v * T.cast(W[j], F32)
+    if has_b:
+        v = v + T.cast(B[j], F32)
+    return v
+
+
 def _signature_sizes(plan: Plan):
     return (plan.n if plan.has_weight else 1), (plan.n if plan.has_bias else 1)
 
@@ -72,11 +82,8 @@ def rms_norm_fragment(plan: Plan):
                 ss[r] = T.rsqrt(ss[r] / N + eps)  # divide by N, never by the padded length
             for r, j in T.Parallel(R, P):
                 if (j < N) & (bx * R + r < M):
-                    if has_w:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            T.cast(xr[r, j], F32) * ss[r] * T.cast(W[j], F32), dt)
-                    else:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(T.cast(xr[r, j], F32) * ss[r], dt)
+                    Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
+                        _affine(T.cast(xr[r, j], F32) * ss[r], W, None, j, has_w, False), dt)
             for r in T.Parallel(R):
                 if bx * R + r < M:
                     RSTD[bx * R + r] = ss[r]
@@ -116,13 +123,9 @@ def rms_norm_naive(plan: Plan):
             for c in T.serial(chunks):
                 for t in T.Parallel(TH):
                     if c * TH + t < N:
-                        if has_w:
-                            Y[T.cast(bx, "int64") * syv + c * TH + t] = T.cast(
-                                T.cast(X[T.cast(bx, "int64") * sxv + c * TH + t], F32) * ss[0]
-                                * T.cast(W[c * TH + t], F32), dt)
-                        else:
-                            Y[T.cast(bx, "int64") * syv + c * TH + t] = T.cast(
-                                T.cast(X[T.cast(bx, "int64") * sxv + c * TH + t], F32) * ss[0], dt)
+                        Y[T.cast(bx, "int64") * syv + c * TH + t] = T.cast(_affine(
+                            T.cast(X[T.cast(bx, "int64") * sxv + c * TH + t], F32) * ss[0],
+                            W, None, c * TH + t, has_w, False), dt)
             RSTD[bx] = ss[0]
 
     return main
@@ -168,12 +171,8 @@ def rms_norm_splitk(plan: Plan):
                         X[T.cast(bx, "int64") * sxv * vec + (segs - 1 - s) * K + j], T.cast(0, dt))
                 for r, j in T.Parallel(1, K):
                     if (segs - 1 - s) * K + j < N:
-                        if has_w:
-                            Y[T.cast(bx, "int64") * syv * vec + (segs - 1 - s) * K + j] = T.cast(
-                                T.cast(seg[r, j], F32) * ss[0] * T.cast(W[(segs - 1 - s) * K + j], F32), dt)
-                        else:
-                            Y[T.cast(bx, "int64") * syv * vec + (segs - 1 - s) * K + j] = T.cast(
-                                T.cast(seg[r, j], F32) * ss[0], dt)
+                        Y[T.cast(bx, "int64") * syv * vec + (segs - 1 - s) * K + j] = T.cast(_affine(
+                            T.cast(seg[r, j], F32) * ss[0], W, None, (segs - 1 - s) * K + j, has_w, False), dt)
             RSTD[bx] = ss[0]
 
     return main
@@ -225,18 +224,8 @@ def layer_norm_fwd(plan: Plan):
                 var[r] = T.rsqrt(var[r] / N + eps)  # var now holds rstd
             for r, j in T.Parallel(R, P):
                 if (j < N) & (bx * R + r < M):
-                    if has_w and has_b:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - mean[r]) * var[r] * T.cast(W[j], F32) + T.cast(B[j], F32), dt)
-                    elif has_w:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - mean[r]) * var[r] * T.cast(W[j], F32), dt)
-                    elif has_b:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - mean[r]) * var[r] + T.cast(B[j], F32), dt)
-                    else:
-                        Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                            (T.cast(xr[r, j], F32) - mean[r]) * var[r], dt)
+                    Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
+                        _affine((T.cast(xr[r, j], F32) - mean[r]) * var[r], W, B, j, has_w, has_b), dt)
             for r in T.Parallel(R):
                 if bx * R + r < M:
                     MEAN[bx * R + r] = mean[r]
