@@ -6,7 +6,8 @@ import torch
 import impls.triton as tri
 from impls.base import UnsupportedCase
 from impls.reference import reference
-from impls.triton._launch import LOOPED_MAX_BLOCK, ROWWISE_MAX_N, launch_config, looped_block, next_pow2
+from impls.triton._launch import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, ROWWISE_MAX_N, LaunchConfig, launch_config,
+                                  looped_block, next_pow2)
 
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -25,6 +26,34 @@ def test_launch_config_covers_the_row(n, dtype, looped):
             assert cfg.block_n <= max(LOOPED_MAX_BLOCK, next_pow2(n))
         else:
             assert cfg.block_n >= n  # one tile holds the whole row
+
+
+def test_decode_rule_applies_to_few_long_rows_only():
+    few = launch_config(4096, torch.bfloat16, False, "rms_norm", m=DECODE_MAX_ROWS)
+    many = launch_config(4096, torch.bfloat16, False, "rms_norm", m=DECODE_MAX_ROWS + 1)
+    assert few.w_first and few.rows == 1 and few.num_warps >= many.num_warps
+    assert not many.w_first and many == launch_config(4096, torch.bfloat16, False, "rms_norm")
+    assert not launch_config(256, torch.bfloat16, False, "rms_norm", m=8).w_first  # short rows share programs
+    assert not launch_config(4096, torch.bfloat16, True, "rms_norm", m=8).w_first  # looped: no such rule
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_weight_first_changes_the_order_of_loads_not_the_result(op):
+    """W_FIRST moves the weight and bias loads before the reduction; y, mean and rstd must be
+    bit-identical to the other order."""
+    from impls import registry
+
+    kernel = registry.get(op, "triton", "rowwise")
+    x = torch.randn(3, 1000, device=DEVICE, dtype=torch.bfloat16) + 2
+    w, b = torch.randn(1000, device=DEVICE, dtype=x.dtype), torch.randn(1000, device=DEVICE, dtype=x.dtype)
+    bias = b if op == "layer_norm" else None
+    outs = []
+    for first in (False, True):
+        out = kernel.allocate(x)
+        kernel._forward(x, w, bias, 1e-6, out, LaunchConfig(block_n=1024, rows=1, num_warps=4, w_first=first))
+        outs.append(out)
+    for name in kernel.outputs:
+        assert torch.equal(getattr(outs[0], name), getattr(outs[1], name)), name
 
 
 def test_looped_chunks_cover_non_power_of_two_rows_with_little_padding():

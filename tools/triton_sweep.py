@@ -2,6 +2,7 @@
 ``impls.triton._launch.launch_config`` (see docs/perf-notes.md).
 
     python tools/triton_sweep.py --json sweep.json            # bf16 at every N, fp32 at some
+    python tools/triton_sweep.py --ms 1,8,64 --ns 4096,8192 --json decode.json   # decode settings
 
 For each op, dtype, N and variant it times every launch setting of ``settings()`` (rows per
 program, warps, and for looped the chunk width) on M = max(16384, 2**26 / N) rows, cold L2,
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -32,6 +34,17 @@ from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, next_pow2  # noqa:
 NS = (1024, 2048, 4000, 4096, 5120, 8192, 12288, 16384, 32768, 65536, 131072, 262144)
 FP32_NS = (1024, 4096, 5120, 12288, 16384, 65536)
 LOOPED_MIN_N = 4000  # below it one tile holds the row; the looped kernel only adds a second read
+
+
+def decode_settings(n: int):
+    """Decode (few rows): one row per program, 4-32 float32 values per thread, the weight loaded
+    with x or after the reduction."""
+    block_n = next_pow2(n)
+    for per_thread in (4, 8, 16, 32):
+        warps = block_n // (32 * per_thread)
+        if 1 <= warps <= 32:
+            for w_first in (False, True):
+                yield LaunchConfig(block_n=block_n, rows=1, num_warps=warps, w_first=w_first)
 
 
 def settings(variant: str, n: int):
@@ -58,12 +71,15 @@ def settings(variant: str, n: int):
                     yield LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
 
 
-def plan(dtypes, ops, ns, variants=("rowwise", "looped")):
+def plan(dtypes, ops, ns, variants=("rowwise", "looped"), decode=False):
     """(op, dtype, n, variant, cfg) in run order."""
     out = []
     for dtype in dtypes:
         for op in ops:
             for n in ns:
+                if decode:
+                    out += [(op, dtype, n, "rowwise", cfg) for cfg in decode_settings(n)]
+                    continue
                 if dtype == "float32" and n not in FP32_NS:
                     continue
                 for variant in variants:
@@ -90,13 +106,14 @@ def main(argv=None) -> int:
     p.add_argument("--ops", default="rms_norm,layer_norm")
     p.add_argument("--ns", default=",".join(map(str, NS)))
     p.add_argument("--variants", default="rowwise,looped")
+    p.add_argument("--ms", default="", help="row counts to time by graph replay (decode); default: bandwidth rows")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json")
     p.add_argument("--compile-part", help=argparse.SUPPRESS)  # "i/k": worker i of k
     args = p.parse_args(argv)
     registry.load_all()
     entries = plan(args.dtypes.split(","), args.ops.split(","), [int(v) for v in args.ns.split(",")],
-                   args.variants.split(","))
+                   args.variants.split(","), decode=bool(args.ms))
     if args.compile_part:
         i, k = map(int, args.compile_part.split("/"))
         compile_part(entries[i::k])
@@ -104,7 +121,7 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     base = [sys.executable, __file__, "--dtypes", args.dtypes, "--ops", args.ops, "--ns", args.ns,
-            "--variants", args.variants]
+            "--variants", args.variants] + (["--ms", args.ms] if args.ms else [])
     workers = [subprocess.Popen(base + ["--compile-part", f"{i}/{args.jobs}"]) for i in range(args.jobs)]
     failed = sum(w.wait() != 0 for w in workers)
     print(f"compiled {len(entries)} settings in {time.time() - t0:.0f} s on {args.jobs} processes"
@@ -114,27 +131,32 @@ def main(argv=None) -> int:
     ceiling = timing.copy_ceiling_gbps("cuda", tools)[0]
     print(f"{time.strftime('%Y-%m-%d %H:%M')} {torch.cuda.get_device_name()} copy {ceiling:.0f} GB/s", flush=True)
     results, held = [], None
-    for op, dtype, n, variant, cfg in entries:
+    ms = [int(v) for v in args.ms.split(",")] if args.ms else [None]
+    for (op, dtype, n, variant, cfg), m_given in ((e, m) for e in entries for m in ms):
         kernel = registry.get(op, "triton", variant)
         dt = DTYPES[dtype]
-        m = bandwidth_rows(n)
-        if held is None or held[0] != (op, dtype, n):
+        m = m_given or bandwidth_rows(n)
+        if held is None or held[0] != (op, dtype, n, m):
             held = None
             torch.cuda.empty_cache()
             x = torch.randn(m, n, device="cuda", dtype=dt)
             w = torch.randn(n, device="cuda", dtype=dt)
             b = torch.randn(n, device="cuda", dtype=dt) if op == "layer_norm" else None
-            held = ((op, dtype, n), x, w, b, kernel.allocate(x))
+            held = ((op, dtype, n, m), x, w, b, kernel.allocate(x))
         _, x, w, b, out = held
         nbytes = timing.bytes_moved(m, n, dt, True, b is not None, len(kernel.outputs) - 1)
-        ms = timing.gpu_time_ms(lambda: kernel._forward(x, w, b, 1e-6, out, cfg), tools, rounds=15, warmup=2)
+        fn = lambda: kernel._forward(x, w, b, 1e-6, out, cfg)  # noqa: E731
+        if m_given:  # as the decode benchmarks time: graph replay, L2 warm
+            ms = statistics.median(timing.GraphTimer(fn, tools, clock=timing.KernelClock()).run(20, 3)) * 1e3
+        else:
+            ms = timing.gpu_time_ms(fn, tools, rounds=15, warmup=2)
         gbps = nbytes / ms / 1e6
         r = dict(op=op, dtype=dtype, n=n, m=m, variant=variant, block_n=cfg.block_n, rows=cfg.rows,
-                 warps=cfg.num_warps, us=ms * 1e3, gbps=gbps, pct=100 * gbps / ceiling,
-                 heuristic=cfg == kernel.config(n, dt))
+                 warps=cfg.num_warps, w_first=cfg.w_first, us=ms * 1e3, gbps=gbps, pct=100 * gbps / ceiling,
+                 heuristic=cfg == kernel.config(n, dt, m))
         results.append(r)
         print(f"{op:<10} {dtype:<8} {m:>6}x{n:<6} {variant:<7} block={cfg.block_n:<5} rows={cfg.rows} "
-              f"warps={cfg.num_warps:<2} {r['us']:8.1f} us {gbps:6.0f} GB/s {r['pct']:5.1f}%"
+              f"warps={cfg.num_warps:<2}{' w_first' if cfg.w_first else ''} {r['us']:8.2f} us {gbps:6.0f} GB/s {r['pct']:5.1f}%"
               + (" <- heuristic" if r["heuristic"] else ""), flush=True)
         if args.json and len(results) % 50 == 0:  # a run cut short still leaves its results
             _write(args.json, ceiling, results)

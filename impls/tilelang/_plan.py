@@ -5,7 +5,7 @@ One plan is one compilation (the key of both caches); M and the row strides are 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 
@@ -44,6 +44,9 @@ class Plan:
     threads_per_row: int
     rows_per_block: int
     padded: int  # columns of the fragment (whole row, padded) or of one splitk segment
+    # layer_norm_fwd's launch bound; None: ln_min_blocks_per_sm's rule (an explicit value is
+    # for tools/tilelang_sweep.py).
+    min_blocks: int | None = None
 
     @property
     def threads(self) -> int:
@@ -51,7 +54,8 @@ class Plan:
 
     @property
     def key(self) -> tuple:
-        return (self.variant, self.dtype, self.n, self.has_weight, self.has_bias, self.vec)
+        """Everything the generated program depends on (the cache key)."""
+        return astuple(self)
 
     def describe(self) -> str:
         affine = "+".join(n for n, on in (("weight", self.has_weight), ("bias", self.has_bias)) if on) or "no affine"
@@ -76,7 +80,10 @@ def choose_vec(dtype: torch.dtype, n: int, strides: tuple[int, ...] = (), offset
     return vec
 
 
-def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int) -> Plan:
+def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
+              threads_per_row: int | None = None, min_blocks: int | None = None) -> Plan:
+    """The plan the kernels run. ``threads_per_row`` and ``min_blocks`` override the rules
+    (fragment and layer_norm_fwd only), for tools/tilelang_sweep.py."""
     dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
     if variant == "naive_row_per_block":
         # Scalar accesses; one row per block.
@@ -92,10 +99,10 @@ def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, 
         per_thread = LN_VECTORS if variant == "layer_norm_fwd" and n > LN_SHORT_N else LN_SHORT_VECTORS
         vectors = -(-n // vec)
         # About per_thread vectors per thread, 32..512 threads per row.
-        tpr = min(MAX_THREADS, max(32, _pow2_at_least(-(-vectors // per_thread))))
+        tpr = threads_per_row or min(MAX_THREADS, max(32, _pow2_at_least(-(-vectors // per_thread))))
         rows = max(1, MIN_BLOCK_THREADS // tpr)
         padded = -(-n // (tpr * vec)) * (tpr * vec)
-        return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, padded)
+        return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, padded, min_blocks)
     raise ValueError(f"unknown tilelang variant {variant!r}")
 
 
@@ -110,6 +117,8 @@ def ln_min_blocks_per_sm(plan: Plan) -> int:
     24..36 KB of x in flight per SM). 1 (no bound) above 4 vectors per thread (8 for float32),
     where the row itself fills the registers (64 would spill 236-312 bytes at bf16/fp16
     N = 32768)."""
+    if plan.min_blocks is not None:
+        return plan.min_blocks
     vpt = vectors_per_thread(plan)
     table = LN_REG_BUDGET_F32 if plan.dtype == "float32" else LN_REG_BUDGET
     budget = next((regs for most, regs in table if vpt <= most), None)

@@ -68,6 +68,8 @@ def rms_norm_fragment(plan: Plan):
         RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(M, R), threads=plan.threads) as bx:
+            if plan.min_blocks:  # only where a plan sets it (tools/tilelang_sweep.py)
+                T.annotate_min_blocks_per_sm(plan.min_blocks)
             xr = T.alloc_fragment((R, P), dt)
             sq = T.alloc_fragment((R, P), F32)
             ss = T.alloc_fragment((R,), F32)

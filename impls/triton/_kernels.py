@@ -36,17 +36,24 @@ def _row_offsets(pid, M, stride_x, stride_y, ROWS: tl.constexpr):
 @triton.jit
 def rms_norm_rowwise(
     X, W, Y, RSTD, M, N, stride_x, stride_y, eps,
-    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, W_FIRST: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
+    # W_FIRST (a grid of few rows, where latency is the cost): the weight's load is issued with
+    # x's, not after the reduction, so the two memory round trips overlap. With many rows it
+    # would only hold registers through the reduction.
+    if HAS_WEIGHT and W_FIRST:
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
     x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     y = x * rstd[:, None]
     if HAS_WEIGHT:
-        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        if not W_FIRST:
+            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y * w[None, :]
     _store_y(Y, yoff[:, None] + cols[None, :], y, mask, ROUND_BF16)
     tl.store(RSTD + rows, rstd, mask=rmask)
@@ -98,12 +105,17 @@ def _add_pair(a1, a2, b1, b2):
 def layer_norm_rowwise(
     X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    SEPARATE_SUMS: tl.constexpr, ROUND_BF16: tl.constexpr,
+    W_FIRST: tl.constexpr, SEPARATE_SUMS: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
+    if W_FIRST:  # weight and bias loaded with x (see rms_norm_rowwise)
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
     x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     k = tl.sum(x, axis=1) / N  # padded lanes hold 0
     xs = tl.where(mask, x - k[:, None], 0.0)  # padded lanes would hold -k
@@ -122,10 +134,12 @@ def layer_norm_rowwise(
     rstd = tl.rsqrt(tl.where(var < 0.0, 0.0, var) + eps)  # not tl.maximum: it drops NaN on the GPU
     y = (xs - mean_s[:, None]) * rstd[:, None]
     if HAS_WEIGHT:
-        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        if not W_FIRST:
+            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y * w[None, :]
     if HAS_BIAS:
-        b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+        if not W_FIRST:
+            b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y + b[None, :]
     _store_y(Y, yoff[:, None] + cols[None, :], y, mask, ROUND_BF16)
     tl.store(MEAN + rows, k + mean_s, mask=rmask)

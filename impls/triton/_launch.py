@@ -30,6 +30,11 @@ MAX_WARPS = 32
 # LayerNorm, see launch_config).
 LOOPED_MAX_BLOCK = 8192
 LOOPED_PER_THREAD = 8
+# Rowwise with a grid of at most this many rows (H200: 132 SMs): the decode rule of launch_config.
+# Rows of at least DECODE_MIN_BLOCK columns only: shorter rows still share programs.
+DECODE_MAX_ROWS = 128
+DECODE_MIN_BLOCK = 1024
+DECODE_PER_THREAD = 8
 
 # Rowwise launch settings measured fastest on an H200 (tools/triton_sweep.py, 2026-11-29,
 # reports/h200/triton-sweep.json): (op, bytes per element, tile width) -> (rows per program,
@@ -81,14 +86,15 @@ class LaunchConfig:
     block_n: int  # columns per tile: the whole row (rowwise) or one chunk (looped)
     rows: int  # rows per program
     num_warps: int
+    w_first: bool = False  # rowwise: load weight and bias with x (a latency-bound grid)
 
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm") -> LaunchConfig:
-    """Launch settings from (op, N, dtype) alone; no autotuning.
+def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm", m: int | None = None) -> LaunchConfig:
+    """Launch settings from (op, N, dtype) and the row count M; no autotuning.
 
     From the tables where the sweep measured that shape class (ROWWISE_TUNED by tile width,
     LOOPED_TUNED by N); otherwise by rule:
@@ -98,8 +104,14 @@ def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm"
       Python steps in the interpreter); warps for PER_THREAD values per thread.
     - looped: one row per program, chunks of ``looped_block`` columns, LOOPED_PER_THREAD values
       per thread. Rows that fit one 1024-wide tile are run as rowwise would run them.
+    - rowwise with at most DECODE_MAX_ROWS rows of DECODE_MIN_BLOCK or more (decode): the grid cannot fill the GPU, so time
+      is latency: one row per program, DECODE_PER_THREAD values per thread (more threads share
+      the row), weight and bias loaded with x.
     """
     block_n = next_pow2(n)
+    if not looped and m is not None and m <= DECODE_MAX_ROWS and block_n >= DECODE_MIN_BLOCK:
+        return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * DECODE_PER_THREAD)),
+                            w_first=True)
     if looped and block_n > 1024:
         tuned = LOOPED_TUNED.get((op, dtype.itemsize, n))
         if tuned:
@@ -197,8 +209,8 @@ class TritonKernel(NormKernel):
             return "triton runs under its interpreter on this machine: not a timing"
         return None
 
-    def config(self, n: int, dtype: torch.dtype) -> LaunchConfig:
-        return launch_config(n, dtype, looped=self.variant == "looped", op=self.op)
+    def config(self, n: int, dtype: torch.dtype, m: int | None = None) -> LaunchConfig:
+        return launch_config(n, dtype, looped=self.variant == "looped", op=self.op, m=m)
 
     def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, **meta) -> None:
         """Run one program per cfg.rows rows, on x's device."""
@@ -210,6 +222,8 @@ class TritonKernel(NormKernel):
         if self.variant == "looped":
             # The interpreter needs the loop bound as a Python int (see _kernels); compiled: None.
             kwargs["LOOP_CHUNKS"] = cdiv(x.shape[1], cfg.block_n) if interpreted else None
+        else:
+            kwargs["W_FIRST"] = cfg.w_first
         if x.device.type == "cuda":
             with torch.cuda.device(x.device):
                 fn[grid](*args, **kwargs)

@@ -13,7 +13,7 @@ class _TritonLayerNorm(TritonKernel):
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs, cfg: LaunchConfig | None = None) -> None:
         m, n = x.shape
-        cfg = cfg or self.config(n, x.dtype)  # an explicit cfg: tools/triton_sweep.py
+        cfg = cfg or self.config(n, x.dtype, m)  # an explicit cfg: tools/triton_sweep.py
         # Absent weight or bias: x stands in as a pointer the kernel never reads.
         w = weight if weight is not None else x
         b = bias if bias is not None else x

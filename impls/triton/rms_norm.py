@@ -13,7 +13,7 @@ class _TritonRMSNorm(TritonKernel):
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs, cfg: LaunchConfig | None = None) -> None:
         m, n = x.shape
-        cfg = cfg or self.config(n, x.dtype)  # an explicit cfg: tools/triton_sweep.py
+        cfg = cfg or self.config(n, x.dtype, m)  # an explicit cfg: tools/triton_sweep.py
         w = weight if weight is not None else x  # never read when HAS_WEIGHT is off
         self.launch(
             self._kernel_name, x, cfg,
