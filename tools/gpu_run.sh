@@ -31,12 +31,12 @@ checks)
   python -m harness.report "$out"/p1/correctness.json "$out"/p2/correctness.json "$out"/p3/correctness.json --out "$out"
   ;;
 bench)
-  timeout 100 python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
+  timeout 130 python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
   pt "${BENCH_TIMEOUT:-380}" benchmarks --benchmark-only --profile full --bench-repeat 2 --backend all "${liger[@]}" \
      --report-dir="$out" > "$out/benchmark.log" 2>&1
   tail -n 15 "$out/benchmark.log"
   # The shapes the README quotes, each kernel of the project, bf16.
-  timeout 60 python -m harness.measure --backend triton,tilelang --dtype bfloat16 \
+  timeout 50 python -m harness.measure --backend triton,tilelang --dtype bfloat16 \
      --shapes 16384x4096,16384x4000,32768x1024,4096x65536 --json "$out/measure.json" > "$out/measure.log" 2>&1
   tail -n 30 "$out/measure.log"
   ;;

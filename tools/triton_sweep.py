@@ -131,8 +131,8 @@ def main(argv=None) -> int:
     ceiling = timing.copy_ceiling_gbps("cuda", tools)[0]
     print(f"{time.strftime('%Y-%m-%d %H:%M')} {torch.cuda.get_device_name()} copy {ceiling:.0f} GB/s", flush=True)
     results, held = [], None
-    ms = [int(v) for v in args.ms.split(",")] if args.ms else [None]
-    for (op, dtype, n, variant, cfg), m_given in ((e, m) for e in entries for m in ms):
+    row_counts = [int(v) for v in args.ms.split(",")] if args.ms else [None]
+    for (op, dtype, n, variant, cfg), m_given in [(e, m) for e in entries for m in row_counts]:
         kernel = registry.get(op, "triton", variant)
         dt = DTYPES[dtype]
         m = m_given or bandwidth_rows(n)
