@@ -50,7 +50,7 @@ def decode_settings(n: int):
 def settings(variant: str, n: int):
     """Launch settings to try. rowwise: the whole row (padded to a power of two) in one tile, 1-4
     rows per program, 8-32 float32 values per thread (64 for N >= 32768). looped: chunks of 1024-8192 columns, 1-2
-    rows per program, 8 or 16 values per thread."""
+    rows per program, 4, 8 or 16 values per thread (4: what Inductor's looped reductions use)."""
     if variant == "rowwise":
         block_n = next_pow2(n)
         for rows in (1, 2, 4):
@@ -65,7 +65,7 @@ def settings(variant: str, n: int):
         if block_n > next_pow2(n):
             break
         for rows in (1, 2):
-            for per_thread in (8, 16):
+            for per_thread in (4, 8, 16):
                 warps = rows * block_n // (32 * per_thread)
                 if 1 <= warps <= 32:
                     yield LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
