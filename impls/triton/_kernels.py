@@ -5,9 +5,10 @@ Loads are masked (rows >= M, columns >= N) with 0 as the fill, and every sum ove
 sees 0 in padded lanes, so statistics divide by N, never by the padded width. Accumulation
 and statistics are float32; y is stored in x's dtype. Row offsets are 64-bit.
 
-The looped kernels take LOOP_CHUNKS: None when compiled (the loops run to cdiv(N, BLOCK_N) at
-run time), that count itself under the interpreter, whose loops need a Python int bound: it
-keeps scalar arguments as 1-element numpy arrays, and numpy 2.4 refuses int() of those.
+The looped kernels take N as a compile-time constant (one compilation per N, as the TileLang
+kernels have it): the chunk count is then known, which measured 81% -> 100% of copy for RMSNorm
+bf16 at N = 12288 (docs/perf-notes.md, item 15). It also gives the interpreter a Python int
+loop bound, which it needs.
 """
 import triton
 import triton.language as tl
@@ -61,15 +62,15 @@ def rms_norm_rowwise(
 
 @triton.jit
 def rms_norm_looped(
-    X, W, Y, RSTD, M, N, stride_x, stride_y, eps,
-    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_CHUNKS: tl.constexpr, ROUND_BF16: tl.constexpr,
+    X, W, Y, RSTD, M, N: tl.constexpr, stride_x, stride_y, eps,
+    HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
-    chunks = tl.cdiv(N, BLOCK_N)
+    chunks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     # Pass 1: per-lane float32 sums of squares, reduced once at the end. x is loaded with
     # evict_last so it is still in L2 when pass 2 reads it again.
     acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    for c in tl.range(0, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
+    for c in tl.range(0, chunks):
         cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = rmask[:, None] & (cols < N)[None, :]
         x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -77,7 +78,7 @@ def rms_norm_looped(
     rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
     # Pass 2: normalise and write, last chunk first: the chunks pass 1 read last are the likeliest
     # to be in L2 still. x and y are done with after this, so they leave L2 first.
-    for c in tl.range(0, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
+    for c in tl.range(0, chunks):
         cols = (chunks - 1 - c) * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]
@@ -148,12 +149,13 @@ def layer_norm_rowwise(
 
 @triton.jit
 def layer_norm_looped(
-    X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
+    X, W, B, Y, MEAN, RSTD, M, N: tl.constexpr, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    LOOP_CHUNKS: tl.constexpr, ROUND_BF16: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
-    chunks = tl.cdiv(N, BLOCK_N)
+    chunks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    first: tl.constexpr = N if N < BLOCK_N else BLOCK_N  # columns of the first chunk
     # Pass 1: per-lane sums of s = x - k and of s^2, reduced once at the end (as RMSNorm's sum of
     # squares: a few operations per element, no block reduction per chunk). The shift k is the
     # mean of the first chunk, so s carries no large common part and var = E[s^2] - E[s]^2 keeps
@@ -162,11 +164,11 @@ def layer_norm_looped(
     cols = tl.arange(0, BLOCK_N)
     mask = rmask[:, None] & (cols < N)[None, :]
     x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-    k = tl.sum(x, axis=1) / tl.minimum(N, BLOCK_N).to(tl.float32)
+    k = tl.sum(x, axis=1) / first
     sh = tl.where(mask, x - k[:, None], 0.0)
     s1 = sh
     s2 = sh * sh
-    for c in tl.range(1, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
+    for c in tl.range(1, chunks):
         cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = rmask[:, None] & (cols < N)[None, :]
         x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -178,7 +180,7 @@ def layer_norm_looped(
     var = tl.where(var < 0.0, 0.0, var)  # rounding below zero; not tl.maximum: on the GPU it drops NaN
     rstd = tl.rsqrt(var + eps)
     # Pass 2: normalise and write, last chunk first (still in L2, see rms_norm_looped).
-    for c in tl.range(0, chunks if LOOP_CHUNKS is None else LOOP_CHUNKS):
+    for c in tl.range(0, chunks):
         cols = (chunks - 1 - c) * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]

@@ -221,10 +221,7 @@ class TritonKernel(NormKernel):
         interpreted = state().interpreted
         kwargs = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                       ROUND_BF16=interpreted and x.dtype == torch.bfloat16, **meta)
-        if self.variant == "looped":
-            # The interpreter needs the loop bound as a Python int (see _kernels); compiled: None.
-            kwargs["LOOP_CHUNKS"] = cdiv(x.shape[1], cfg.block_n) if interpreted else None
-        else:
+        if self.variant != "looped":
             kwargs["W_FIRST"] = cfg.w_first
         if x.device.type == "cuda":
             with torch.cuda.device(x.device):
