@@ -57,8 +57,10 @@ ROWWISE_TUNED = {
 }
 
 # Looped launch settings measured fastest: (op, bytes per element, N) -> (chunk width, rows per
-# program, warps). RMSNorm from the same sweep; LayerNorm from its own sweep of the current
-# looped kernel (11022eb, reports/h200/triton-sweep-layer_norm-looped.json).
+# program, warps). RMSNorm from the same sweep; LayerNorm from its own sweep of the looped
+# kernel (11022eb, reports/h200/triton-sweep-layer_norm-looped.json). Both were measured with N
+# a run-time value; with N a constant (9e27a29) the sweep favours wider chunks or more warps at
+# some N (reports/h200/triton-sweep-looped-static-n.json), not yet taken into this table.
 LOOPED_TUNED = {
     ("rms_norm", 2, 4000): (1024, 1, 4), ("rms_norm", 2, 4096): (1024, 1, 4), ("rms_norm", 2, 5120): (1024, 1, 4),
     ("rms_norm", 2, 8192): (2048, 1, 8), ("rms_norm", 2, 12288): (4096, 2, 16), ("rms_norm", 2, 16384): (4096, 1, 16),
