@@ -58,8 +58,8 @@ class Plan:
     threads_per_row: int
     rows_per_block: int
     padded: int  # columns of the fragment (whole row, padded) or of one splitk segment
-    # layer_norm_fwd's launch bound; None: ln_min_blocks_per_sm's rule (an explicit value is
-    # for tools/tilelang_sweep.py).
+    # The launch bound (minimum blocks per SM) from TUNED or tools/tilelang_sweep.py; None:
+    # layer_norm_fwd's rule (ln_min_blocks_per_sm), no bound for the fragment.
     min_blocks: int | None = None
 
     @property
@@ -96,8 +96,9 @@ def choose_vec(dtype: torch.dtype, n: int, strides: tuple[int, ...] = (), offset
 
 def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
               threads_per_row: int | None = None, min_blocks: int | None = None) -> Plan:
-    """The plan the kernels run. ``threads_per_row`` and ``min_blocks`` override the rules
-    (fragment and layer_norm_fwd only), for tools/tilelang_sweep.py."""
+    """The plan the kernels run: TUNED's where it has one, else the rules below.
+    ``threads_per_row`` and ``min_blocks`` override both (fragment and layer_norm_fwd only), for
+    tools/tilelang_sweep.py."""
     dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
     if variant == "naive_row_per_block":
         # Scalar accesses; one row per block.
@@ -110,8 +111,8 @@ def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, 
             seg //= 2
         return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, 1, seg)
     if variant in ("fragment", "layer_norm_fwd"):
-        itemsize = getattr(torch, dt).itemsize
-        tuned = TUNED.get((variant, itemsize, n)) if vec == VECTOR_BYTES // itemsize else None
+        dtype = getattr(torch, dt)
+        tuned = TUNED.get((variant, dtype.itemsize, n)) if vec == max_vec(dtype) else None
         if tuned and threads_per_row is None and min_blocks is None:
             threads_per_row, min_blocks = tuned
         per_thread = LN_VECTORS if variant == "layer_norm_fwd" and n > LN_SHORT_N else LN_SHORT_VECTORS

@@ -216,15 +216,17 @@ class TritonKernel(NormKernel):
     def config(self, n: int, dtype: torch.dtype, m: int | None = None) -> LaunchConfig:
         return launch_config(n, dtype, looped=self.variant == "looped", op=self.op, m=m)
 
+    def _meta(self, cfg: LaunchConfig) -> dict:
+        """Compile-time arguments this variant's kernel takes beyond those every kernel takes."""
+        return {}
+
     def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, **meta) -> None:
         """Run one program per cfg.rows rows, on x's device."""
         fn = getattr(state().kernels, kernel_name)
         grid = (cdiv(x.shape[0], cfg.rows),)
         interpreted = state().interpreted
         kwargs = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                      ROUND_BF16=interpreted and x.dtype == torch.bfloat16, **meta)
-        if self.variant != "looped":
-            kwargs["W_FIRST"] = cfg.w_first
+                      ROUND_BF16=interpreted and x.dtype == torch.bfloat16, **self._meta(cfg), **meta)
         if x.device.type == "cuda":
             with torch.cuda.device(x.device):
                 fn[grid](*args, **kwargs)

@@ -20,11 +20,8 @@ class _TritonLayerNorm(TritonKernel):
         self.launch(
             self._kernel_name, x, cfg,
             x, w, b, out.y, out.mean, out.rstd, m, n, x.stride(0), out.y.stride(0), eps,
-            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, **self._meta(),
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         )
-
-    def _meta(self) -> dict:
-        return {}
 
 
 @register
@@ -33,8 +30,9 @@ class TritonLayerNormRowwise(_TritonLayerNorm):
     max_n = ROWWISE_MAX_N
     _kernel_name = "layer_norm_rowwise"
 
-    def _meta(self) -> dict:
-        return {"SEPARATE_SUMS": state().interpreted}  # see _kernels.layer_norm_rowwise
+    def _meta(self, cfg: LaunchConfig) -> dict:
+        # SEPARATE_SUMS: see _kernels.layer_norm_rowwise
+        return {"W_FIRST": cfg.w_first, "SEPARATE_SUMS": state().interpreted}
 
 
 @register

@@ -28,6 +28,9 @@ class TritonRMSNormRowwise(_TritonRMSNorm):
     max_n = ROWWISE_MAX_N
     _kernel_name = "rms_norm_rowwise"
 
+    def _meta(self, cfg: LaunchConfig) -> dict:
+        return {"W_FIRST": cfg.w_first}
+
 
 @register
 class TritonRMSNormLooped(_TritonRMSNorm):
