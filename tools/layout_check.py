@@ -15,10 +15,10 @@ Each layout is timed twice, in turn, so drift shows.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
+
+import _session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,16 +58,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     args = p.parse_args(argv)
-    registry.load_all()
-    tools = timing.GpuTools()
-    ceiling = timing.copy_ceiling_gbps("cuda", tools)[0]
+    tools, ceiling = _session.start()
     arena = torch.empty(ARENA_BYTES, dtype=torch.uint8, device="cuda")
     layouts = {"separate": separate(), "arena-4k": carve(arena, 4096), "arena-2m": carve(arena[2**30:], 2 * 2**20),
                "separate-y+16k": separate(16384)}
     for t in layouts.values():
         for name in ("x", "w", "b"):
             t[name].normal_()
-    print(f"{time.strftime('%Y-%m-%d %H:%M')} {torch.cuda.get_device_name()} copy {ceiling:.0f} GB/s", flush=True)
     for name, t in layouts.items():
         print(f"{name:<14} y - x = {t['y'].data_ptr() - t['x'].data_ptr()} bytes "
               f"({(t['y'].data_ptr() - t['x'].data_ptr()) % 2**21} past a 2 MiB multiple)", flush=True)
@@ -86,9 +83,7 @@ def main(argv=None) -> int:
                 results.append(dict(op=op, kernel=kname, layout=name, attempt=attempt, us=ms * 1e3, pct=pct))
                 print(f"{op:<10} {kname:<24} {name:<14} #{attempt} {ms * 1e3:7.1f} us {pct:6.1f}% of copy", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"copy_gbps": ceiling, "gpu": torch.cuda.get_device_name(),
-                                               "date": time.strftime("%Y-%m-%d"), "m": M, "n": N, "dtype": "bfloat16",
-                                               "results": results}, indent=1))
+        _session.write_json(args.json, ceiling, results, m=M, n=N, dtype="bfloat16")
     return 0
 
 

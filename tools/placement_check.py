@@ -13,11 +13,12 @@ benchmark session), timed as the benchmarks time, for three kernels, with x and 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
+
+import _session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,10 +35,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     args = p.parse_args(argv)
-    registry.load_all()
+    tools, ceiling = _session.start()
     kernels = [registry.get("rms_norm", *name.split(".")) for name in KERNELS]
-    tools = timing.GpuTools()
-    ceiling = timing.copy_ceiling_gbps("cuda", tools)[0]
     nbytes = timing.bytes_moved(M, N, torch.float32, True, False, 1)
     w = torch.randn(N, device="cuda")
     results = []
@@ -76,8 +75,7 @@ def main(argv=None) -> int:
     for k, v in spread.items():
         print(f"{k:<15} over placements: min {min(v):.1f}% median {statistics.median(v):.1f}% max {max(v):.1f}%")
     if args.json:
-        Path(args.json).write_text(json.dumps({"copy_gbps": ceiling, "gpu": torch.cuda.get_device_name(),
-                                               "date": time.strftime("%Y-%m-%d"), "results": results}, indent=1))
+        _session.write_json(args.json, ceiling, results)
     return 0
 
 

@@ -16,10 +16,10 @@ triton.looped itself and torch.compile in the same process, each checked against
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
+
+import _session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -31,7 +31,7 @@ from harness import timing  # noqa: E402
 from harness.bench import bandwidth_rows  # noqa: E402
 from harness.cases import DTYPES  # noqa: E402
 from impls import registry  # noqa: E402
-from impls.base import DEFAULT_EPS  # noqa: E402
+from impls.base import DEFAULT_EPS, spec_of  # noqa: E402
 
 SHAPES = (("bfloat16", 8192), ("bfloat16", 12288), ("bfloat16", 32768), ("float32", 4096), ("float32", 8192))
 VARIANTS = {  # name: (static, unmasked, forward, w_last)
@@ -89,10 +89,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     args = p.parse_args(argv)
-    registry.load_all()
-    tools = timing.GpuTools()
-    ceiling = timing.copy_ceiling_gbps("cuda", tools)[0]
-    print(f"{time.strftime('%Y-%m-%d %H:%M')} {torch.cuda.get_device_name()} copy {ceiling:.0f} GB/s", flush=True)
+    tools, ceiling = _session.start()
     eps = DEFAULT_EPS["rms_norm"]
     looped = registry.get("rms_norm", "triton", "looped")
     compiled = registry.get("rms_norm", "torch_compile", "inductor")
@@ -117,7 +114,7 @@ def main(argv=None) -> int:
                   + ("" if ok else f"  WRONG ({err:.3g})"), flush=True)
 
         for kernel, name in ((looped, "triton.looped"), (compiled, "torch_compile.inductor")):
-            kernel.prepare(__import__("impls.base", fromlist=["spec_of"]).spec_of("rms_norm", x, "cuda", w, None))
+            kernel.prepare(spec_of("rms_norm", x, "cuda", w, None))
             out = kernel(x, w, None, eps)
             record(name, "its own", kernel.bench_callable(x, w, None, eps, out), out.y)
         cfg = looped.config(n, dt)
@@ -131,8 +128,7 @@ def main(argv=None) -> int:
                                             num_warps=warps)
                 record(name, f"{setting} {block}x{warps}w", fn, y)
     if args.json:
-        Path(args.json).write_text(json.dumps({"copy_gbps": ceiling, "gpu": torch.cuda.get_device_name(),
-                                               "date": time.strftime("%Y-%m-%d"), "results": results}, indent=1))
+        _session.write_json(args.json, ceiling, results)
     return 0
 
 

@@ -13,13 +13,14 @@ copy ceiling of the same run, the heuristic's own choice marked. Compilation run
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import _session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -127,9 +128,7 @@ def main(argv=None) -> int:
     print(f"compiled {len(entries)} settings in {time.time() - t0:.0f} s on {args.jobs} processes"
           + (f", {failed} workers failed" if failed else ""), flush=True)
 
-    tools = timing.GpuTools()
-    ceiling = timing.copy_ceiling_gbps("cuda", tools)[0]
-    print(f"{time.strftime('%Y-%m-%d %H:%M')} {torch.cuda.get_device_name()} copy {ceiling:.0f} GB/s", flush=True)
+    tools, ceiling = _session.start()
     results, held = [], None
     row_counts = [int(v) for v in args.ms.split(",")] if args.ms else [None]
     for (op, dtype, n, variant, cfg), m_given in [(e, m) for e in entries for m in row_counts]:
@@ -159,15 +158,10 @@ def main(argv=None) -> int:
               f"warps={cfg.num_warps:<2}{' w_first' if cfg.w_first else ''} {r['us']:8.2f} us {gbps:6.0f} GB/s {r['pct']:5.1f}%"
               + (" <- heuristic" if r["heuristic"] else ""), flush=True)
         if args.json and len(results) % 50 == 0:  # a run cut short still leaves its results
-            _write(args.json, ceiling, results)
+            _session.write_json(args.json, ceiling, results)
     if args.json:
-        _write(args.json, ceiling, results)
+        _session.write_json(args.json, ceiling, results)
     return 0
-
-
-def _write(path, ceiling, results) -> None:
-    Path(path).write_text(json.dumps({"copy_gbps": ceiling, "gpu": torch.cuda.get_device_name(),
-                                      "date": time.strftime("%Y-%m-%d"), "results": results}, indent=1))
 
 
 if __name__ == "__main__":
