@@ -55,8 +55,8 @@ def candidates(variant: str, dtype: str, n: int, rule_bound_only: bool = False):
                            [max(1, min(2048 // base.threads, 65536 // (base.threads * r))) for r in REG_BUDGETS])
         for mb in bounds:
             plan = make_plan(variant, dtype, n, base.has_weight, base.has_bias, vec, threads_per_row=tpr, min_blocks=mb)
-            if plan.key not in seen:
-                seen.add(plan.key)
+            if plan not in seen:
+                seen.add(plan)
                 yield plan
 
 

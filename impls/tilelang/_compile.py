@@ -3,8 +3,8 @@
 tilelang is imported on first use only: importing it takes seconds, and the registry imports
 this backend at start-up, also where tilelang is missing.
 
-Caches: a dict in the process, keyed by the plan (variant, dtype, N, affine flags, vector
-width) and the target; on disk, TileLang's own kernel cache (``TILELANG_CACHE_DIR``, default
+Caches: a dict in the process, keyed by the plan (all of it: variant, dtype, N, affine flags,
+vector width, threads, launch bound) and the target; on disk, TileLang's own kernel cache (``TILELANG_CACHE_DIR``, default
 ``~/.tilelang/cache``), which this module never disables. ptxas reports are kept under
 ``~/.cache/normdiff/tilelang/ptxas`` (``NORMDIFF_CACHE_DIR`` moves it), keyed by the source.
 """
@@ -93,7 +93,7 @@ class Compiled:
             return ""
 
 
-_CACHE: dict[tuple, Compiled] = {}  # (plan key, target) -> compiled
+_CACHE: dict[tuple, Compiled] = {}  # (plan, target) -> compiled
 _LOCK = threading.Lock()
 COMPILE_COUNT = 0  # real compile calls into TileLang in this process (the tests read it)
 
@@ -131,7 +131,7 @@ def compile_plan(plan: Plan, target: dict | None = None) -> Compiled:
     """The compiled kernel of a plan, compiled at most once per process."""
     global COMPILE_COUNT
     target = dict(target or default_target())
-    key = (plan.key, json.dumps(target, sort_keys=True))
+    key = (plan, json.dumps(target, sort_keys=True))
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:

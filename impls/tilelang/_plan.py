@@ -5,7 +5,7 @@ One plan is one compilation (the key of both caches); M and the row strides are 
 """
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -49,6 +49,8 @@ TUNED = {
 
 @dataclass(frozen=True)
 class Plan:
+    """Everything a generated program depends on; hashable, so a plan is its own cache key."""
+
     variant: str
     dtype: str  # "float32", "float16", "bfloat16"
     n: int
@@ -65,11 +67,6 @@ class Plan:
     @property
     def threads(self) -> int:
         return self.threads_per_row * self.rows_per_block
-
-    @property
-    def key(self) -> tuple:
-        """Everything the generated program depends on (the cache key)."""
-        return astuple(self)
 
     def describe(self) -> str:
         affine = "+".join(n for n, on in (("weight", self.has_weight), ("bias", self.has_bias)) if on) or "no affine"
