@@ -4,8 +4,8 @@ tilelang is imported on first use only: importing it takes seconds, and the regi
 this backend at start-up, also where tilelang is missing.
 
 Caches: a dict in the process, keyed by the plan (all of it: variant, dtype, N, affine flags,
-vector width, threads, launch bound) and the target; on disk, TileLang's own kernel cache (``TILELANG_CACHE_DIR``, default
-``~/.tilelang/cache``), which this module never disables. ptxas reports are kept under
+vector width, threads, launch bound) and the target; on disk, TileLang's own kernel cache
+(``TILELANG_CACHE_DIR``, default ``~/.tilelang/cache``), which this module never disables. ptxas reports are kept under
 ``~/.cache/normdiff/tilelang/ptxas`` (``NORMDIFF_CACHE_DIR`` moves it), keyed by the source.
 """
 from __future__ import annotations
