@@ -30,7 +30,7 @@ from harness import timing  # noqa: E402
 from harness.bench import bandwidth_rows  # noqa: E402
 from harness.cases import DTYPES  # noqa: E402
 from impls import registry  # noqa: E402
-from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, next_pow2  # noqa: E402
+from impls.triton._launch import ROWWISE_MAX_N, SPLIT_MAX, LaunchConfig, next_pow2  # noqa: E402
 
 NS = (1024, 2048, 4000, 4096, 5120, 8192, 12288, 16384, 32768, 65536, 131072, 262144)
 FP32_NS = (1024, 4096, 5120, 12288, 16384, 65536)
@@ -51,7 +51,20 @@ def decode_settings(n: int):
 def settings(variant: str, n: int):
     """Launch settings to try. rowwise: the whole row (padded to a power of two) in one tile, 1-4
     rows per program, 8-32 float32 values per thread (64 for N >= 32768). looped: chunks of 1024-8192 columns, 1-2
-    rows per program, 4, 8 or 16 values per thread (4: what Inductor's looped reductions use)."""
+    rows per program, 4, 8 or 16 values per thread (4: what Inductor's looped reductions use).
+    split: 1024-16384 columns per program (at most SPLIT_MAX programs a row), 8, 16 or 32 values
+    per thread."""
+    if variant == "split":
+        for block_n in (1024, 2048, 4096, 8192, 16384):
+            if block_n > next_pow2(n):
+                break
+            if -(-n // block_n) > SPLIT_MAX:
+                continue
+            for per_thread in (8, 16, 32):
+                warps = block_n // (32 * per_thread)
+                if 1 <= warps <= 32:
+                    yield LaunchConfig(block_n=block_n, rows=1, num_warps=warps)
+        return
     if variant == "rowwise":
         block_n = next_pow2(n)
         for rows in (1, 2, 4):
@@ -72,8 +85,8 @@ def settings(variant: str, n: int):
                     yield LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
 
 
-def plan(dtypes, ops, ns, variants=("rowwise", "looped"), decode=False):
-    """(op, dtype, n, variant, cfg) in run order."""
+def plan(dtypes, ops, ns, variants=("rowwise", "looped"), decode=False, fp32_ns=FP32_NS):
+    """(op, dtype, n, variant, cfg) in run order; float32 only at ``fp32_ns``."""
     out = []
     for dtype in dtypes:
         for op in ops:
@@ -81,10 +94,10 @@ def plan(dtypes, ops, ns, variants=("rowwise", "looped"), decode=False):
                 if decode:
                     out += [(op, dtype, n, "rowwise", cfg) for cfg in decode_settings(n)]
                     continue
-                if dtype == "float32" and n not in FP32_NS:
+                if dtype == "float32" and n not in fp32_ns:
                     continue
                 for variant in variants:
-                    if (variant == "rowwise" and n > ROWWISE_MAX_N) or (variant == "looped" and n < LOOPED_MIN_N):
+                    if (variant == "rowwise" and n > ROWWISE_MAX_N) or (variant != "rowwise" and n < LOOPED_MIN_N):
                         continue
                     out += [(op, dtype, n, variant, cfg) for cfg in settings(variant, n)]
     return out
@@ -107,6 +120,7 @@ def main(argv=None) -> int:
     p.add_argument("--ops", default="rms_norm,layer_norm")
     p.add_argument("--ns", default=",".join(map(str, NS)))
     p.add_argument("--variants", default="rowwise,looped")
+    p.add_argument("--fp32-ns", default=",".join(map(str, FP32_NS)), help="the N at which float32 is swept")
     p.add_argument("--ms", default="", help="row counts to time by graph replay (decode); default: bandwidth rows")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json")
@@ -114,7 +128,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     registry.load_all()
     entries = plan(args.dtypes.split(","), args.ops.split(","), [int(v) for v in args.ns.split(",")],
-                   args.variants.split(","), decode=bool(args.ms))
+                   args.variants.split(","), decode=bool(args.ms), fp32_ns=[int(v) for v in args.fp32_ns.split(",")])
     if args.compile_part:
         i, k = map(int, args.compile_part.split("/"))
         compile_part(entries[i::k])
@@ -122,7 +136,7 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     base = [sys.executable, __file__, "--dtypes", args.dtypes, "--ops", args.ops, "--ns", args.ns,
-            "--variants", args.variants] + (["--ms", args.ms] if args.ms else [])
+            "--variants", args.variants, "--fp32-ns", args.fp32_ns] + (["--ms", args.ms] if args.ms else [])
     workers = [subprocess.Popen(base + ["--compile-part", f"{i}/{args.jobs}"]) for i in range(args.jobs)]
     failed = sum(w.wait() != 0 for w in workers)
     print(f"compiled {len(entries)} settings in {time.time() - t0:.0f} s on {args.jobs} processes"

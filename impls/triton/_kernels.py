@@ -195,3 +195,111 @@ def layer_norm_looped(
         _store_y(Y, yoff[:, None] + cols[None, :], y, mask, ROUND_BF16)
     tl.store(MEAN + rows, k + mean_s, mask=rmask)
     tl.store(RSTD + rows, rstd, mask=rmask)
+
+
+# -- Split rows ---------------------------------------------------------------------------------
+# A long row split over SPLITS programs, each holding BLOCK_N of its columns in registers, so x
+# is read from memory once (the looped kernels read it twice, the second time from L2 only while
+# the rows in flight fit). The programs of a row exchange partial statistics through global
+# memory and wait for each other, so they must all be resident at once: the grid is persistent,
+# GROUPS groups of SPLITS programs sized by the launcher to what the GPU holds, each group
+# taking rows GROUP, GROUP + GROUPS, ... in step. The interpreter runs programs one at a time
+# and cannot run these kernels.
+#
+# Workspace per group: COUNT (arrivals, +SPLITS per row), DONE (programs past their last wait)
+# and PARTIAL[2, SPLITS, 2]: two row slots, since a program can be one row ahead of a sibling
+# still reading the last row's partials, never two (it cannot pass the next wait without it).
+# The last program of a group past its last wait zeroes COUNT and DONE for the next launch.
+@triton.jit
+def _split_exchange(PARTIAL, COUNT, group, part, it, a, b, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Publish this program's pair (a, b) for row ``it`` of its group, wait for every sibling's,
+    and return all SPLITS pairs (padded to SPLITS_P2 with zeros), in part order."""
+    slot = PARTIAL + (group * 2 + it % 2) * SPLITS * 2
+    tl.store(slot + part * 2, a)
+    tl.store(slot + part * 2 + 1, b)
+    tl.debug_barrier()  # every thread's store happens before the release below
+    target = (it + 1) * SPLITS
+    seen = tl.atomic_add(COUNT + group, 1, sem="acq_rel", scope="gpu") + 1
+    while seen < target:
+        seen = tl.atomic_add(COUNT + group, 0, sem="acquire", scope="gpu")
+    j = tl.arange(0, SPLITS_P2)
+    # .cg: from L2, where the siblings' stores are; a stale L1 line must not answer.
+    pa = tl.load(slot + j * 2, mask=j < SPLITS, other=0.0, cache_modifier=".cg")
+    pb = tl.load(slot + j * 2 + 1, mask=j < SPLITS, other=0.0, cache_modifier=".cg")
+    return pa, pb
+
+
+@triton.jit
+def _split_finish(COUNT, DONE, group, SPLITS: tl.constexpr):
+    """Called by every program after its last wait: the group's last one resets its counters."""
+    done = tl.atomic_add(DONE + group, 1, sem="acq_rel", scope="gpu")
+    if done == SPLITS - 1:
+        tl.atomic_xchg(COUNT + group, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(DONE + group, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit(do_not_specialize=["GROUPS"])
+def rms_norm_split(
+    X, W, Y, RSTD, PARTIAL, COUNT, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    group = tl.program_id(0) // SPLITS
+    part = tl.program_id(0) % SPLITS
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    it = 0
+    for row in tl.range(group, M, GROUPS):
+        row64 = row.to(tl.int64)
+        x = tl.load(X + row64 * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
+        ss, _ = _split_exchange(PARTIAL, COUNT, group, part, it, tl.sum(x * x, axis=0), 0.0, SPLITS, SPLITS_P2)
+        rstd = tl.rsqrt(tl.sum(ss, axis=0) / N + eps)  # the same order in every program
+        y = x * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        _store_y(Y, row64 * stride_y + cols, y, cmask, ROUND_BF16)
+        if part == 0:
+            tl.store(RSTD + row, rstd)
+        it += 1
+    _split_finish(COUNT, DONE, group, SPLITS)
+
+
+@triton.jit(do_not_specialize=["GROUPS"])
+def layer_norm_split(
+    X, W, B, Y, MEAN, RSTD, PARTIAL, COUNT, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    # Each program reduces its own columns exactly (two passes over registers: mean, then the
+    # centred sum of squares), and the row's mean and variance come from the parts' (mean, M2)
+    # by Chan's combination: no large common part cancels, large-mean rows included.
+    group = tl.program_id(0) // SPLITS
+    part = tl.program_id(0) % SPLITS
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
+    j = tl.arange(0, SPLITS_P2)
+    n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns per part
+    it = 0
+    for row in tl.range(group, M, GROUPS):
+        row64 = row.to(tl.int64)
+        x = tl.load(X + row64 * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
+        m_part = tl.sum(x, axis=0) / n_part
+        d = tl.where(cmask, x - m_part, 0.0)
+        m_j, m2_j = _split_exchange(PARTIAL, COUNT, group, part, it, m_part, tl.sum(d * d, axis=0),
+                                    SPLITS, SPLITS_P2)
+        mean = tl.sum(n_j * m_j, axis=0) / N
+        dm = m_j - mean
+        var = (tl.sum(m2_j, axis=0) + tl.sum(n_j * dm * dm, axis=0)) / N
+        rstd = tl.rsqrt(var + eps)
+        y = (d + (m_part - mean)) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+        _store_y(Y, row64 * stride_y + cols, y, cmask, ROUND_BF16)
+        if part == 0:
+            tl.store(MEAN + row, mean)
+            tl.store(RSTD + row, rstd)
+        it += 1
+    _split_finish(COUNT, DONE, group, SPLITS)

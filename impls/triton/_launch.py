@@ -77,6 +77,30 @@ LOOPED_TUNED = {
 }
 
 
+# Split kernels (a row over SPLITS programs, x read once): at most SPLIT_MAX programs per row
+# (all resident at once, so within the SM count), each holding at most SPLIT_MAX_BLOCK columns,
+# SPLIT_PER_THREAD float32 values per thread where SPLIT_TUNED is silent.
+SPLIT_MAX = 64
+SPLIT_MAX_BLOCK = 16384
+SPLIT_PER_THREAD = 16
+SPLIT_TUNED: dict = {}
+
+
+def split_config(n: int, dtype: torch.dtype, op: str) -> LaunchConfig:
+    """Columns per program and warps of the split kernels: from SPLIT_TUNED, else the widest
+    power of two up to 8192 that covers N with under 1/16 of padding (5120 -> 5 x 1024), widened
+    while the row would need more than SPLIT_MAX programs."""
+    tuned = SPLIT_TUNED.get((op, dtype.itemsize, n))
+    if tuned:
+        return LaunchConfig(block_n=tuned[0], rows=1, num_warps=tuned[1])
+    block_n = min(8192, next_pow2(n))
+    while block_n > 1024 and cdiv(n, block_n) * block_n - n > n // 16:
+        block_n //= 2
+    while cdiv(n, block_n) > SPLIT_MAX:
+        block_n *= 2
+    return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * SPLIT_PER_THREAD)))
+
+
 def interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -217,21 +241,113 @@ class TritonKernel(NormKernel):
         return launch_config(n, dtype, looped=self.variant == "looped", op=self.op, m=m)
 
     def _meta(self, cfg: LaunchConfig) -> dict:
-        """Compile-time arguments this variant's kernel takes beyond those every kernel takes."""
-        return {}
+        """Compile-time arguments this variant's kernel takes beyond BLOCK_N and ROUND_BF16."""
+        return {"ROWS": cfg.rows}
 
-    def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, **meta) -> None:
-        """Run one program per cfg.rows rows, on x's device."""
+    def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, grid=None, **meta):
+        """Run the kernel on x's device over ``grid``, by default one program per cfg.rows rows.
+        Returns the kernel as Triton compiled it (warmup=True: compile only)."""
         fn = getattr(state().kernels, kernel_name)
-        grid = (cdiv(x.shape[0], cfg.rows),)
-        interpreted = state().interpreted
-        kwargs = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                      ROUND_BF16=interpreted and x.dtype == torch.bfloat16, **self._meta(cfg), **meta)
+        kwargs = dict(BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                      ROUND_BF16=state().interpreted and x.dtype == torch.bfloat16, **self._meta(cfg), **meta)
+        grid = grid or (cdiv(x.shape[0], cfg.rows),)
         if x.device.type == "cuda":
             with torch.cuda.device(x.device):
-                fn[grid](*args, **kwargs)
-        else:
-            fn[grid](*args, **kwargs)
+                return fn[grid](*args, **kwargs)
+        return fn[grid](*args, **kwargs)
+
+
+class SplitRowsKernel(TritonKernel):
+    """The split variant: each row over SPLITS programs that exchange partial statistics (see
+    _kernels.rms_norm_split). GPU only, and every program of a row must be resident at once, so
+    the grid is persistent: as many groups of SPLITS programs as the GPU holds, counted from the
+    compiled kernel's registers, threads and shared memory."""
+
+    variant = "split"
+    max_n = SPLIT_MAX * SPLIT_MAX_BLOCK
+
+    def availability(self) -> str | None:
+        if state().reason:
+            return state().reason
+        if state().interpreted:
+            return ("triton.split's programs wait on each other, and Triton's interpreter runs "
+                    "programs one at a time")
+        return None
+
+    def config(self, n: int, dtype: torch.dtype, m: int | None = None) -> LaunchConfig:
+        return split_config(n, dtype, self.op)
+
+    def unsupported(self, spec) -> str | None:
+        reason = super().unsupported(spec)
+        if reason is None and spec.device == "cuda":
+            splits = cdiv(spec.n, self.config(spec.n, spec.dtype).block_n)
+            sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+            if splits > sms:
+                reason = (f"N={spec.n} splits over {splits} programs that must be resident at once; "
+                          f"this GPU has {sms} SMs")
+        return reason
+
+    def _meta(self, cfg: LaunchConfig) -> dict:
+        return {}  # SPLITS comes from the call, which knows N
+
+    def run_split(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, head: tuple, tail: tuple, **meta):
+        """Launch on x (M, N): the kernel's arguments are ``head`` (its tensors), the workspace,
+        ``tail`` (M, N, strides, eps), then GROUPS."""
+        m, n = x.shape
+        splits = cdiv(n, cfg.block_n)
+        meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
+        partial, counters = _split_workspace(x.device)
+        count, done = counters.chunk(2)
+        key = (kernel_name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
+        per_sm = _PROGRAMS_PER_SM.get(key)
+        if per_sm is None:  # compile once (GROUPS is not specialised on, so any value serves)
+            compiled = self.launch(kernel_name, x, cfg, *head, partial, count, done, *tail, 1,
+                                   grid=(1,), warmup=True, **meta)
+            per_sm = _PROGRAMS_PER_SM[key] = programs_per_sm(compiled, x.device)
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        groups = max(1, min(m, sms * per_sm // splits))
+        self.launch(kernel_name, x, cfg, *head, partial, count, done, *tail, groups,
+                    grid=(groups * splits,), **meta)
+
+
+_PROGRAMS_PER_SM: dict = {}
+_WORKSPACE: dict = {}
+# Workspaces made during CUDA graph capture: the graph zeroes them at each replay, so they must
+# live as long as it does; one small pair per capture.
+_CAPTURED: list = []
+
+
+def _split_workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial statistics and counters of the split kernels, one set per device and stream, so
+    launches on different streams cannot meet. The counters start at zero and every launch
+    leaves them at zero."""
+    def make():
+        programs = torch.cuda.get_device_properties(device).multi_processor_count * 32  # the most in flight
+        partial = torch.empty(4 * programs, dtype=torch.float32, device=device)  # 2 slots x (a, b)
+        return partial, torch.zeros(2 * programs, dtype=torch.int32, device=device)  # COUNT, DONE
+
+    if torch.cuda.is_current_stream_capturing():
+        ws = make()
+        _CAPTURED.append(ws)
+        return ws
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    if key not in _WORKSPACE:
+        _WORKSPACE[key] = make()
+    return _WORKSPACE[key]
+
+
+def programs_per_sm(compiled, device: torch.device) -> int:
+    """How many programs of a compiled Triton kernel one SM holds at once (at least 1)."""
+    if hasattr(compiled, "_init_handles"):
+        compiled._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    warps = compiled.metadata.num_warps
+    regs_per_warp = -(-max(compiled.n_regs, 1) * 32 // 256) * 256  # allocated in units of 256
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // regs_per_warp // warps
+    by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
+    shared = compiled.metadata.shared + 1024  # the driver reserves 1 KiB per block
+    by_shared = getattr(props, "shared_memory_per_multiprocessor", 233472) // shared
+    return max(1, min(32, by_regs, by_threads, by_shared))
 
 
 def cdiv(a: int, b: int) -> int:

@@ -1,9 +1,10 @@
-"""LayerNorm in Triton: rowwise (the whole row in one tile) and looped (the row in chunks)."""
+"""LayerNorm in Triton: rowwise (the whole row in one tile), looped (the row in chunks) and split
+(the row over several programs)."""
 from __future__ import annotations
 
 from impls.base import NormOutputs
 from impls.registry import register
-from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, TritonKernel, state
+from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, SplitRowsKernel, TritonKernel, state
 
 
 class _TritonLayerNorm(TritonKernel):
@@ -32,10 +33,25 @@ class TritonLayerNormRowwise(_TritonLayerNorm):
 
     def _meta(self, cfg: LaunchConfig) -> dict:
         # SEPARATE_SUMS: see _kernels.layer_norm_rowwise
-        return {"W_FIRST": cfg.w_first, "SEPARATE_SUMS": state().interpreted}
+        return {**super()._meta(cfg), "W_FIRST": cfg.w_first, "SEPARATE_SUMS": state().interpreted}
 
 
 @register
 class TritonLayerNormLooped(_TritonLayerNorm):
     variant = "looped"
     _kernel_name = "layer_norm_looped"
+
+
+@register
+class TritonLayerNormSplit(SplitRowsKernel):
+    op = "layer_norm"
+    outputs = ("y", "mean", "rstd")
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs, cfg: LaunchConfig | None = None) -> None:
+        m, n = x.shape
+        cfg = cfg or self.config(n, x.dtype, m)
+        w = weight if weight is not None else x  # absent weight or bias: never read
+        b = bias if bias is not None else x
+        self.run_split("layer_norm_split", x, cfg, (x, w, b, out.y, out.mean, out.rstd),
+                       (m, n, x.stride(0), out.y.stride(0), eps),
+                       HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)

@@ -1,9 +1,10 @@
-"""RMSNorm in Triton: rowwise (the whole row in one tile) and looped (the row in chunks)."""
+"""RMSNorm in Triton: rowwise (the whole row in one tile), looped (the row in chunks) and split
+(the row over several programs)."""
 from __future__ import annotations
 
 from impls.base import NormOutputs
 from impls.registry import register
-from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, TritonKernel
+from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, SplitRowsKernel, TritonKernel
 
 
 class _TritonRMSNorm(TritonKernel):
@@ -29,10 +30,23 @@ class TritonRMSNormRowwise(_TritonRMSNorm):
     _kernel_name = "rms_norm_rowwise"
 
     def _meta(self, cfg: LaunchConfig) -> dict:
-        return {"W_FIRST": cfg.w_first}
+        return {**super()._meta(cfg), "W_FIRST": cfg.w_first}
 
 
 @register
 class TritonRMSNormLooped(_TritonRMSNorm):
     variant = "looped"
     _kernel_name = "rms_norm_looped"
+
+
+@register
+class TritonRMSNormSplit(SplitRowsKernel):
+    op = "rms_norm"
+    outputs = ("y", "rstd")
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs, cfg: LaunchConfig | None = None) -> None:
+        m, n = x.shape
+        cfg = cfg or self.config(n, x.dtype, m)
+        w = weight if weight is not None else x  # never read when HAS_WEIGHT is off
+        self.run_split("rms_norm_split", x, cfg, (x, w, out.y, out.rstd),
+                       (m, n, x.stride(0), out.y.stride(0), eps), HAS_WEIGHT=weight is not None)
