@@ -244,13 +244,16 @@ class TritonKernel(NormKernel):
         """Compile-time arguments this variant's kernel takes beyond BLOCK_N and ROUND_BF16."""
         return {"ROWS": cfg.rows}
 
-    def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, grid=None, **meta):
+    def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, grid=None, compile_only=False,
+               **meta):
         """Run the kernel on x's device over ``grid``, by default one program per cfg.rows rows.
-        Returns the kernel as Triton compiled it (warmup=True: compile only)."""
+        Returns the kernel as Triton compiled it (compile_only: without running it)."""
         fn = getattr(state().kernels, kernel_name)
         kwargs = dict(BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                       ROUND_BF16=state().interpreted and x.dtype == torch.bfloat16, **self._meta(cfg), **meta)
         grid = grid or (cdiv(x.shape[0], cfg.rows),)
+        if compile_only:
+            return fn.warmup(*args, grid=grid, **kwargs)
         if x.device.type == "cuda":
             with torch.cuda.device(x.device):
                 return fn[grid](*args, **kwargs)
@@ -302,7 +305,7 @@ class SplitRowsKernel(TritonKernel):
         per_sm = _PROGRAMS_PER_SM.get(key)
         if per_sm is None:  # compile once (GROUPS is not specialised on, so any value serves)
             compiled = self.launch(kernel_name, x, cfg, *head, partial, count, done, *tail, 1,
-                                   grid=(1,), warmup=True, **meta)
+                                   grid=(1,), compile_only=True, **meta)
             per_sm = _PROGRAMS_PER_SM[key] = programs_per_sm(compiled, x.device)
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         groups = max(1, min(m, sms * per_sm // splits))
