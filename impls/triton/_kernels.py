@@ -206,41 +206,45 @@ def layer_norm_looped(
 # taking rows GROUP, GROUP + GROUPS, ... in step. The interpreter runs programs one at a time
 # and cannot run these kernels.
 #
-# Workspace per group: COUNT (arrivals, +SPLITS per row), DONE (programs past their last wait)
-# and PARTIAL[2, SPLITS, 2]: two row slots, since a program can be one row ahead of a sibling
-# still reading the last row's partials, never two (it cannot pass the next wait without it).
-# The last program of a group past its last wait zeroes COUNT and DONE for the next launch.
+# Each partial is published as one 64-bit word, (row tag << 32) | float bits, so a reader that
+# sees the tag sees the value: no fence, which would make the writer wait for its earlier y
+# stores to land. A group's words sit in two row slots (WORDS[group, it % 2, part, pair]): a
+# program can be one row ahead of a sibling still reading, never two (it cannot pass the next
+# wait without that sibling). While a program waits, its next row's x is already loading.
+# DONE counts programs past their last wait; the group's last one zeroes its words, so every
+# launch starts from tags of 0 (the workspace is zero when made).
 @triton.jit
-def _split_exchange(PARTIAL, COUNT, group, part, it, a, b, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+def _split_exchange(WORDS, group, part, it, a, b, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
     """Publish this program's pair (a, b) for row ``it`` of its group, wait for every sibling's,
     and return all SPLITS pairs (padded to SPLITS_P2 with zeros), in part order."""
-    slot = PARTIAL + (group * 2 + it % 2) * SPLITS * 2
-    tl.store(slot + part * 2, a)
-    tl.store(slot + part * 2 + 1, b)
-    tl.debug_barrier()  # every thread's store happens before the release below
-    target = (it + 1) * SPLITS
-    seen = tl.atomic_add(COUNT + group, 1, sem="acq_rel", scope="gpu") + 1
-    while seen < target:
-        seen = tl.atomic_add(COUNT + group, 0, sem="acquire", scope="gpu")
+    slot = WORDS + (group * 2 + it % 2) * SPLITS * 2
+    tag = (it + 1).to(tl.int64) << 32
+    tl.atomic_xchg(slot + part * 2, tag | a.to(tl.uint32, bitcast=True).to(tl.int64), sem="relaxed", scope="gpu")
+    tl.atomic_xchg(slot + part * 2 + 1, tag | b.to(tl.uint32, bitcast=True).to(tl.int64), sem="relaxed", scope="gpu")
     j = tl.arange(0, SPLITS_P2)
-    # .cg: from L2, where the siblings' stores are; a stale L1 line must not answer.
-    pa = tl.load(slot + j * 2, mask=j < SPLITS, other=0.0, cache_modifier=".cg")
-    pb = tl.load(slot + j * 2 + 1, mask=j < SPLITS, other=0.0, cache_modifier=".cg")
-    return pa, pb
+    wa = tl.load(slot + j * 2, mask=j < SPLITS, other=tag, volatile=True)
+    wb = tl.load(slot + j * 2 + 1, mask=j < SPLITS, other=tag, volatile=True)
+    while tl.sum(((wa >> 32) != (it + 1)).to(tl.int32) + ((wb >> 32) != (it + 1)).to(tl.int32), axis=0) > 0:
+        wa = tl.load(slot + j * 2, mask=j < SPLITS, other=tag, volatile=True)
+        wb = tl.load(slot + j * 2 + 1, mask=j < SPLITS, other=tag, volatile=True)
+    pa = (wa & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    pb = (wb & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    return tl.where(j < SPLITS, pa, 0.0), tl.where(j < SPLITS, pb, 0.0)
 
 
 @triton.jit
-def _split_finish(COUNT, DONE, group, SPLITS: tl.constexpr):
-    """Called by every program after its last wait: the group's last one resets its counters."""
+def _split_finish(WORDS, DONE, group, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Called by every program after its last wait: the group's last one zeroes its words."""
     done = tl.atomic_add(DONE + group, 1, sem="acq_rel", scope="gpu")
     if done == SPLITS - 1:
-        tl.atomic_xchg(COUNT + group, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(DONE + group, 0, sem="relaxed", scope="gpu")
+        j = tl.arange(0, 4 * SPLITS_P2)
+        tl.store(WORDS + group * 4 * SPLITS + j, tl.zeros([4 * SPLITS_P2], dtype=tl.int64), mask=j < 4 * SPLITS)
+        tl.atomic_xchg(DONE + group, 0, sem="release", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
 def rms_norm_split(
-    X, W, Y, RSTD, PARTIAL, COUNT, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
+    X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
     ROUND_BF16: tl.constexpr,
 ):
@@ -248,12 +252,16 @@ def rms_norm_split(
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
+    x_next = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask & (group < M), other=0.0)
     it = 0
     for row in tl.range(group, M, GROUPS):
         row64 = row.to(tl.int64)
-        x = tl.load(X + row64 * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
-        ss, _ = _split_exchange(PARTIAL, COUNT, group, part, it, tl.sum(x * x, axis=0), 0.0, SPLITS, SPLITS_P2)
-        rstd = tl.rsqrt(tl.sum(ss, axis=0) / N + eps)  # the same order in every program
+        x = x_next.to(tl.float32)
+        ss = tl.sum(x * x, axis=0)
+        nxt = row + GROUPS
+        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        ss_j, _ = _split_exchange(WORDS, group, part, it, ss, ss, SPLITS, SPLITS_P2)
+        rstd = tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)  # the same order in every program
         y = x * rstd
         if HAS_WEIGHT:
             y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -261,12 +269,12 @@ def rms_norm_split(
         if part == 0:
             tl.store(RSTD + row, rstd)
         it += 1
-    _split_finish(COUNT, DONE, group, SPLITS)
+    _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
 def layer_norm_split(
-    X, W, B, Y, MEAN, RSTD, PARTIAL, COUNT, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
+    X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
@@ -280,14 +288,17 @@ def layer_norm_split(
     n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
     j = tl.arange(0, SPLITS_P2)
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns per part
+    x_next = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask & (group < M), other=0.0)
     it = 0
     for row in tl.range(group, M, GROUPS):
         row64 = row.to(tl.int64)
-        x = tl.load(X + row64 * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
+        x = x_next.to(tl.float32)
         m_part = tl.sum(x, axis=0) / n_part
         d = tl.where(cmask, x - m_part, 0.0)
-        m_j, m2_j = _split_exchange(PARTIAL, COUNT, group, part, it, m_part, tl.sum(d * d, axis=0),
-                                    SPLITS, SPLITS_P2)
+        m2_part = tl.sum(d * d, axis=0)
+        nxt = row + GROUPS
+        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        m_j, m2_j = _split_exchange(WORDS, group, part, it, m_part, m2_part, SPLITS, SPLITS_P2)
         mean = tl.sum(n_j * m_j, axis=0) / N
         dm = m_j - mean
         var = (tl.sum(m2_j, axis=0) + tl.sum(n_j * dm * dm, axis=0)) / N
@@ -302,4 +313,4 @@ def layer_norm_split(
             tl.store(MEAN + row, mean)
             tl.store(RSTD + row, rstd)
         it += 1
-    _split_finish(COUNT, DONE, group, SPLITS)
+    _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)

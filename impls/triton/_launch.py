@@ -299,17 +299,16 @@ class SplitRowsKernel(TritonKernel):
         m, n = x.shape
         splits = cdiv(n, cfg.block_n)
         meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
-        partial, counters = _split_workspace(x.device)
-        count, done = counters.chunk(2)
+        words, done = _split_workspace(x.device)
         key = (kernel_name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         per_sm = _PROGRAMS_PER_SM.get(key)
         if per_sm is None:  # compile once (GROUPS is not specialised on, so any value serves)
-            compiled = self.launch(kernel_name, x, cfg, *head, partial, count, done, *tail, 1,
+            compiled = self.launch(kernel_name, x, cfg, *head, words, done, *tail, 1,
                                    grid=(1,), compile_only=True, **meta)
             per_sm = _PROGRAMS_PER_SM[key] = programs_per_sm(compiled, x.device)
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         groups = max(1, min(m, sms * per_sm // splits))
-        self.launch(kernel_name, x, cfg, *head, partial, count, done, *tail, groups,
+        self.launch(kernel_name, x, cfg, *head, words, done, *tail, groups,
                     grid=(groups * splits,), **meta)
 
 
@@ -321,13 +320,13 @@ _CAPTURED: list = []
 
 
 def _split_workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partial statistics and counters of the split kernels, one set per device and stream, so
-    launches on different streams cannot meet. The counters start at zero and every launch
-    leaves them at zero."""
+    """The split kernels' exchange words (2 row slots x 2 per program) and per-group DONE
+    counters, one set per device and stream, so launches on different streams cannot meet. Made
+    zero; every launch leaves them zero."""
     def make():
         programs = torch.cuda.get_device_properties(device).multi_processor_count * 32  # the most in flight
-        partial = torch.empty(4 * programs, dtype=torch.float32, device=device)  # 2 slots x (a, b)
-        return partial, torch.zeros(2 * programs, dtype=torch.int32, device=device)  # COUNT, DONE
+        return (torch.zeros(4 * programs, dtype=torch.int64, device=device),
+                torch.zeros(programs, dtype=torch.int32, device=device))
 
     if torch.cuda.is_current_stream_capturing():
         ws = make()
