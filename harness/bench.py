@@ -333,7 +333,9 @@ class Arena:
     depend on the shape alone. It grows (a new allocation) only for a shape larger than it was
     sized for, or where the sized allocation did not fit in memory (then: ``fallback``)."""
 
-    ALIGN = 4096  # bytes; every part starts on a page of the caching allocator's granularity
+    # Every part starts on a 2 MiB boundary (a large page): measured 0.2-1.9 points faster than
+    # 4 KiB offsets for the one-pass kernels (tools/layout_check.py, docs/perf-notes.md item 13).
+    ALIGN = 2 << 20
 
     def __init__(self, nbytes: int, device: str) -> None:
         self.device, self.fallback = device, None
@@ -346,7 +348,8 @@ class Arena:
 
     def describe(self) -> str:
         how = self.fallback or (f"x, weight, bias and outputs of every shape in one {self.buf.numel() / 2**30:.2f} GiB "
-                                "allocation, made once: the same addresses in every pass")
+                                f"allocation, made once, each at a {self.ALIGN // 2**20} MiB boundary: the same "
+                                "addresses in every pass")
         if self.prefilled:
             how += (f"; the caching allocator filled once with {self.prefilled / 2**30:.2f} GiB of written memory "
                     "for what kernels allocate themselves; no memory handed back during the session")

@@ -6,8 +6,8 @@ import torch
 import impls.triton as tri
 from impls.base import UnsupportedCase
 from impls.reference import reference
-from impls.triton._launch import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, ROWWISE_MAX_N, LaunchConfig, launch_config,
-                                  looped_block, next_pow2)
+from impls.triton._launch import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, ROWWISE_MAX_N, SPLIT_MAX, SPLIT_MAX_BLOCK,
+                                  LaunchConfig, launch_config, looped_block, next_pow2, split_config)
 
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,3 +99,55 @@ def test_bfloat16_output_is_rounded_to_nearest_even():
     y32 = x.float() * out.rstd[:, None] * w.float()  # the kernel's float32 result, up to rounding
     nearest = (out.y == y32.to(torch.bfloat16)).float().mean().item()
     assert nearest > 0.999, nearest
+
+
+# -- the split variant ------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 7, 769, 4000, 5120, 12288, 65537, 100000, 262144, SPLIT_MAX * SPLIT_MAX_BLOCK])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_config_covers_the_row_within_the_limits(n, dtype):
+    for op in ("rms_norm", "layer_norm"):
+        cfg = split_config(n, dtype, op)
+        splits = -(-n // cfg.block_n)
+        assert cfg.block_n & (cfg.block_n - 1) == 0 and cfg.block_n <= SPLIT_MAX_BLOCK
+        assert 1 <= splits <= SPLIT_MAX and splits * cfg.block_n >= n
+        assert 2 <= cfg.num_warps <= 32 and cfg.block_n >= 32 * cfg.num_warps  # no idle threads
+
+
+def test_split_is_refused_under_the_interpreter_and_beyond_its_limit():
+    from impls import registry
+    from impls.base import NormSpec
+
+    kernel = registry.get("rms_norm", "triton", "split")
+    spec = NormSpec("rms_norm", torch.float32, 4, SPLIT_MAX * SPLIT_MAX_BLOCK + 1, SPLIT_MAX * SPLIT_MAX_BLOCK + 1,
+                    DEVICE, True, False)
+    why = kernel.unsupported(spec)
+    if DEVICE == "cpu":
+        assert "interpreter" in why  # its programs wait on each other: cannot run one at a time
+    else:
+        assert f"exceeds triton.split's limit of {SPLIT_MAX * SPLIT_MAX_BLOCK}" in why
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the split kernels run on a GPU only")
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_split_leaves_its_workspace_zero_and_repeats_bit_for_bit(op):
+    """More rows than groups (each group loops), several launches on two streams: every launch
+    must start from zeroed exchange words, or a stale tag would let a program read an old partial."""
+    from impls import registry
+    from impls.triton._launch import _WORKSPACE
+
+    kernel = registry.get(op, "triton", "split")
+    x = torch.randn(3000, 20000, device="cuda", dtype=torch.bfloat16) * 3 + 100
+    w = torch.randn(20000, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(20000, device="cuda", dtype=torch.bfloat16) if op == "layer_norm" else None
+    first = kernel(x, w, b)
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side, torch.cuda.current_stream()):
+        with torch.cuda.stream(stream):
+            again = kernel(x, w, b)
+        stream.synchronize()
+        for name, t in first.fields().items():
+            assert torch.equal(t, again.fields()[name]), name
+    for words, done in _WORKSPACE.values():
+        assert not words.any() and not done.any()
+    ref = reference(op, x, w, b, 1e-6 if op == "rms_norm" else 1e-5)
+    torch.testing.assert_close(first.y.float(), ref.y.float(), atol=0.05, rtol=0.02)

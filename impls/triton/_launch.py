@@ -57,48 +57,60 @@ ROWWISE_TUNED = {
 }
 
 # Looped launch settings measured fastest: (op, bytes per element, N) -> (chunk width, rows per
-# program, warps). RMSNorm from the same sweep; LayerNorm from its own sweep of the looped
-# kernel (11022eb, reports/h200/triton-sweep-layer_norm-looped.json). Both were measured with N
-# a run-time value; with N a constant (9e27a29) the sweep favours wider chunks or more warps at
-# some N (reports/h200/triton-sweep-looped-static-n.json), not yet taken into this table.
+# program, warps), with N a compile-time constant (9e27a29): 16-bit from
+# reports/h200/triton-sweep-looped-static-n.json (bf16; fp16 takes the same), float32 from
+# reports/h200/triton-sweep-looped-fp32.json, both 2026-11-29. 4000, 4096, 131072 and 262144 in
+# 16-bit are from the earlier runtime-N sweeps (triton-sweep.json, triton-sweep-layer_norm-looped.json).
 LOOPED_TUNED = {
-    ("rms_norm", 2, 4000): (1024, 1, 4), ("rms_norm", 2, 4096): (1024, 1, 4), ("rms_norm", 2, 5120): (1024, 1, 4),
-    ("rms_norm", 2, 8192): (2048, 1, 8), ("rms_norm", 2, 12288): (4096, 2, 16), ("rms_norm", 2, 16384): (4096, 1, 16),
+    ("rms_norm", 2, 4000): (1024, 1, 4), ("rms_norm", 2, 4096): (1024, 1, 4), ("rms_norm", 2, 5120): (4096, 1, 8),
+    ("rms_norm", 2, 8192): (8192, 1, 16), ("rms_norm", 2, 12288): (8192, 1, 16), ("rms_norm", 2, 16384): (8192, 1, 16),
     ("rms_norm", 2, 32768): (8192, 1, 32), ("rms_norm", 2, 65536): (8192, 1, 32), ("rms_norm", 2, 131072): (8192, 1, 32),
     ("rms_norm", 2, 262144): (8192, 1, 32),
-    ("rms_norm", 4, 4096): (4096, 1, 8), ("rms_norm", 4, 5120): (4096, 1, 8), ("rms_norm", 4, 12288): (4096, 2, 32),
-    ("rms_norm", 4, 16384): (8192, 1, 32), ("rms_norm", 4, 65536): (8192, 1, 32),
     ("layer_norm", 2, 4000): (1024, 2, 4), ("layer_norm", 2, 4096): (1024, 2, 4), ("layer_norm", 2, 5120): (1024, 2, 4),
-    ("layer_norm", 2, 8192): (2048, 2, 8), ("layer_norm", 2, 12288): (2048, 1, 8), ("layer_norm", 2, 16384): (2048, 1, 8),
+    ("layer_norm", 2, 8192): (1024, 1, 4), ("layer_norm", 2, 12288): (2048, 1, 8), ("layer_norm", 2, 16384): (2048, 1, 8),
     ("layer_norm", 2, 32768): (4096, 1, 16), ("layer_norm", 2, 65536): (8192, 1, 32),
     ("layer_norm", 2, 131072): (8192, 1, 32), ("layer_norm", 2, 262144): (8192, 1, 32),
-    ("layer_norm", 4, 4096): (4096, 1, 8), ("layer_norm", 4, 5120): (2048, 1, 8), ("layer_norm", 4, 12288): (4096, 1, 16),
-    ("layer_norm", 4, 16384): (8192, 1, 16), ("layer_norm", 4, 65536): (8192, 2, 32),
+    ("rms_norm", 4, 4000): (2048, 1, 16), ("rms_norm", 4, 4096): (2048, 1, 16), ("rms_norm", 4, 5120): (4096, 1, 16),
+    ("rms_norm", 4, 8192): (4096, 1, 16), ("rms_norm", 4, 12288): (4096, 1, 32), ("rms_norm", 4, 16384): (8192, 1, 32),
+    ("rms_norm", 4, 32768): (8192, 1, 32), ("rms_norm", 4, 65536): (8192, 1, 32), ("rms_norm", 4, 262144): (8192, 1, 32),
+    ("layer_norm", 4, 4000): (4096, 1, 8), ("layer_norm", 4, 4096): (4096, 1, 8), ("layer_norm", 4, 5120): (2048, 2, 16),
+    ("layer_norm", 4, 8192): (2048, 1, 16), ("layer_norm", 4, 12288): (4096, 1, 16), ("layer_norm", 4, 16384): (4096, 1, 32),
+    ("layer_norm", 4, 32768): (8192, 1, 32), ("layer_norm", 4, 65536): (4096, 1, 32), ("layer_norm", 4, 262144): (4096, 1, 32),
 }
 
-
 # Split kernels (a row over SPLITS programs, x read once): at most SPLIT_MAX programs per row
-# (all resident at once, so within the SM count), each holding at most SPLIT_MAX_BLOCK columns,
-# SPLIT_PER_THREAD float32 values per thread where SPLIT_TUNED is silent.
+# (all resident at once, so within the SM count), each holding at most SPLIT_MAX_BLOCK columns.
+# Measured (reports/h200/triton-sweep-split*.json, 2026-11-29): 32 float32 values per thread
+# was best at every N, and 4096 columns per program for 16-bit x, 8192-16384 for float32.
 SPLIT_MAX = 64
 SPLIT_MAX_BLOCK = 16384
-SPLIT_PER_THREAD = 16
-SPLIT_TUNED: dict = {}
+SPLIT_PER_THREAD = 32
+# (op, bytes per element, N) -> (columns per program, warps), the sweeps' fastest.
+SPLIT_TUNED = {
+    ("rms_norm", 2, 4000): (4096, 4), ("rms_norm", 2, 5120): (2048, 2), ("rms_norm", 2, 8192): (2048, 2),
+    ("rms_norm", 2, 12288): (2048, 2), ("rms_norm", 2, 16384): (2048, 2), ("rms_norm", 2, 32768): (8192, 8),
+    ("rms_norm", 2, 65536): (4096, 4), ("rms_norm", 2, 262144): (4096, 4),
+    ("layer_norm", 2, 32768): (4096, 4), ("layer_norm", 2, 65536): (2048, 2), ("layer_norm", 2, 262144): (4096, 4),
+    ("rms_norm", 4, 32768): (16384, 16), ("rms_norm", 4, 65536): (16384, 16), ("rms_norm", 4, 262144): (4096, 4),
+    ("layer_norm", 4, 32768): (4096, 4), ("layer_norm", 4, 65536): (8192, 8), ("layer_norm", 4, 262144): (4096, 4),
+}
 
 
 def split_config(n: int, dtype: torch.dtype, op: str) -> LaunchConfig:
     """Columns per program and warps of the split kernels: from SPLIT_TUNED, else the widest
-    power of two up to 8192 that covers N with under 1/16 of padding (5120 -> 5 x 1024), widened
-    while the row would need more than SPLIT_MAX programs."""
+    power of two up to 4096 (8192 for float32) that covers N with under 1/16 of padding
+    (5120 -> 5 x 1024), widened while the row would need more than SPLIT_MAX programs."""
     tuned = SPLIT_TUNED.get((op, dtype.itemsize, n))
     if tuned:
         return LaunchConfig(block_n=tuned[0], rows=1, num_warps=tuned[1])
-    block_n = min(8192, next_pow2(n))
+    block_n = max(64, min(4096 if dtype.itemsize <= 2 else 8192, next_pow2(n)))  # 64: two full warps
     while block_n > 1024 and cdiv(n, block_n) * block_n - n > n // 16:
         block_n //= 2
     while cdiv(n, block_n) > SPLIT_MAX:
         block_n *= 2
-    return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * SPLIT_PER_THREAD)))
+    # At least 2 warps: Triton 3.6 failed to compile 1-2 warps with 32-64 programs a row
+    # (reports/h200/triton-sweep-split-long.log), and 1 warp was never the fastest.
+    return LaunchConfig(block_n=block_n, rows=1, num_warps=max(2, _warps(block_n // (32 * SPLIT_PER_THREAD))))
 
 
 def interpret_requested() -> bool:
