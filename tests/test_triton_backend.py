@@ -63,9 +63,13 @@ def test_looped_chunks_cover_non_power_of_two_rows_with_little_padding():
         assert (-(-n // block)) * block - n <= n // 16, (n, block)
 
 
-def test_variant_is_chosen_by_n():
-    assert tri.choose_variant(ROWWISE_MAX_N) == "rowwise"
-    assert tri.choose_variant(ROWWISE_MAX_N + 1) == "looped"
+def test_variant_is_chosen_by_n_and_dtype():
+    assert tri.choose_variant(4096, torch.bfloat16) == "rowwise"
+    assert tri.choose_variant(4097, torch.bfloat16) == "looped"
+    assert tri.choose_variant(65536, torch.bfloat16) == "looped"
+    # long float32 rows: split where it can run (a GPU), looped under the interpreter
+    assert tri.choose_variant(65536, torch.float32) == ("split" if DEVICE == "cuda" else "looped")
+    assert tri.choose_variant(SPLIT_MAX * SPLIT_MAX_BLOCK + 1, torch.float32) == "looped"
 
 
 def test_rowwise_refuses_rows_longer_than_one_tile():

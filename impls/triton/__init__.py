@@ -35,17 +35,17 @@ def note() -> str:
     return _launch.note()
 
 
-def _kernel(op: str, n: int):
+def _kernel(op: str, x):
     from impls import registry
 
-    return registry.get(op, "triton", choose_variant(n))
+    return registry.get(op, "triton", choose_variant(x.shape[-1] if x.dim() else 0, x.dtype))
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, out=None):
     """RMSNorm over the last dimension; returns NormOutputs(y, rstd=...)."""
-    return _kernel("rms_norm", x.shape[-1] if x.dim() else 0)(x, weight, None, eps, out)
+    return _kernel("rms_norm", x)(x, weight, None, eps, out)
 
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, out=None):
     """LayerNorm over the last dimension; returns NormOutputs(y, mean=..., rstd=...)."""
-    return _kernel("layer_norm", x.shape[-1] if x.dim() else 0)(x, weight, bias, eps, out)
+    return _kernel("layer_norm", x)(x, weight, bias, eps, out)

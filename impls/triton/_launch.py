@@ -185,9 +185,24 @@ def looped_block(n: int, itemsize: int) -> int:
     return block_n
 
 
-def choose_variant(n: int) -> str:
-    """rowwise while one tile holds the row, looped beyond."""
-    return "rowwise" if n <= ROWWISE_MAX_N else "looped"
+# Where the dispatch functions (impls.triton.rms_norm / layer_norm) stop using rowwise, and
+# where float32 rows go to split. From the benchmark of 31eb1f6 (reports/h200/benchmark.md,
+# 2026-11-29): rowwise was the fastest Triton variant at N 4000-4096 for both ops in 16-bit;
+# above that the looped kernel (N a compile-time constant) led at every N up to 65536
+# (RMSNorm bf16 12288: 100.6% of copy against rowwise 88.9%); split led for float32 at N
+# 65536-262144 (RMSNorm 65536: 89.4% against looped 76.1%) and lost to looped in 16-bit.
+DISPATCH_ROWWISE_MAX_N = 4096
+DISPATCH_SPLIT_MIN_N_FLOAT32 = 65536
+
+
+def choose_variant(n: int, dtype: torch.dtype | None = None) -> str:
+    """The Triton variant the dispatch functions run for rows of N elements of ``dtype``: rowwise
+    up to DISPATCH_ROWWISE_MAX_N, looped beyond, and split for long float32 rows where it can run
+    (a GPU; never under the interpreter)."""
+    if dtype == torch.float32 and DISPATCH_SPLIT_MIN_N_FLOAT32 <= n <= SPLIT_MAX * SPLIT_MAX_BLOCK:
+        if not state().interpreted and state().reason is None:
+            return "split"
+    return "rowwise" if n <= DISPATCH_ROWWISE_MAX_N else "looped"
 
 
 @dataclass(frozen=True)
