@@ -203,8 +203,11 @@ def layer_norm_looped(
 # the rows in flight fit). The programs of a row exchange partial statistics through global
 # memory and wait for each other, so they must all be resident at once: the grid is persistent,
 # GROUPS groups of SPLITS programs sized by the launcher to what the GPU holds, each group
-# taking rows GROUP, GROUP + GROUPS, ... in step. The interpreter runs programs one at a time
-# and cannot run these kernels.
+# taking rows GROUP, GROUP + GROUPS, ... in step. (Should another kernel hold some SMs, the
+# groups dispatched first still complete and free theirs, as long as programs are dispatched
+# in order of program id, which is what the hardware is observed to do; a group's programs
+# have consecutive ids.) The interpreter runs programs one at a time and cannot run these
+# kernels.
 #
 # Each partial is published as one 64-bit word, (row tag << 32) | float bits, so a reader that
 # sees the tag sees the value: no fence, which would make the writer wait for its earlier y
