@@ -2,7 +2,7 @@
 # A batched GPU session, in phases that each fit one device call (10 minutes):
 #   tools/gpu_run.sh checks OUT   correctness, full profile, every backend; the framework's tests
 #   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep, bandwidth part twice), README shapes
-#   tools/gpu_run.sh sweep OUT    the Triton launch-setting sweep (tools/triton_sweep.py)
+#   tools/gpu_run.sh sweep OUT [ARGS]   the Triton launch-setting sweep (tools/triton_sweep.py ARGS)
 # The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
 # TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
 # wherever APEX_LIB points. Compilation is done first in parallel (harness.warm) so the single
@@ -41,8 +41,9 @@ bench)
   tail -n 30 "$out/measure.log"
   ;;
 sweep)
-  timeout 300 python tools/triton_sweep.py --json "$out/triton-sweep.json" > "$out/triton-sweep.log" 2>&1
+  # Any further arguments go to the sweep, e.g. `--variants looped,rowwise --dtypes float16`.
+  timeout 300 python tools/triton_sweep.py "${@:3}" --json "$out/triton-sweep.json" > "$out/triton-sweep.log" 2>&1
   tail -n 80 "$out/triton-sweep.log"
   ;;
-*) echo "usage: tools/gpu_run.sh checks|bench|sweep OUT" >&2; exit 2 ;;
+*) echo "usage: tools/gpu_run.sh checks|bench|sweep OUT [sweep arguments]" >&2; exit 2 ;;
 esac
