@@ -199,10 +199,19 @@ def choose_variant(n: int, dtype: torch.dtype | None = None) -> str:
     """The Triton variant the dispatch functions run for rows of N elements of ``dtype``: rowwise
     up to DISPATCH_ROWWISE_MAX_N, looped beyond, and split for long float32 rows where it can run
     (a GPU; never under the interpreter)."""
-    if dtype == torch.float32 and DISPATCH_SPLIT_MIN_N_FLOAT32 <= n <= SPLIT_MAX * SPLIT_MAX_BLOCK:
-        if not state().interpreted and state().reason is None:
-            return "split"
+    if (dtype == torch.float32 and DISPATCH_SPLIT_MIN_N_FLOAT32 <= n <= SPLIT_MAX * SPLIT_MAX_BLOCK
+            and split_unavailable() is None):
+        return "split"
     return "rowwise" if n <= DISPATCH_ROWWISE_MAX_N else "looped"
+
+
+def split_unavailable() -> str | None:
+    """Why the split kernels cannot run in this process, else None."""
+    if state().reason:
+        return state().reason
+    if state().interpreted:
+        return "triton.split's programs wait on each other, and Triton's interpreter runs programs one at a time"
+    return None
 
 
 @dataclass(frozen=True)
@@ -271,6 +280,11 @@ class TritonKernel(NormKernel):
         """Compile-time arguments this variant's kernel takes beyond BLOCK_N and ROUND_BF16."""
         return {"ROWS": cfg.rows}
 
+    def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
+        """Run this variant's kernel on x's rows; its arguments are ``tensors`` then ``scalars``
+        (M, N, strides, eps), as both ops' kernels take them."""
+        self.launch(self._kernel_name, x, cfg, *tensors, *scalars, **meta)
+
     def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, grid=None, compile_only=False,
                **meta):
         """Run the kernel on x's device over ``grid``, by default one program per cfg.rows rows.
@@ -297,12 +311,7 @@ class SplitRowsKernel(TritonKernel):
     max_n = SPLIT_MAX * SPLIT_MAX_BLOCK
 
     def availability(self) -> str | None:
-        if state().reason:
-            return state().reason
-        if state().interpreted:
-            return ("triton.split's programs wait on each other, and Triton's interpreter runs "
-                    "programs one at a time")
-        return None
+        return split_unavailable()
 
     def config(self, n: int, dtype: torch.dtype, m: int | None = None) -> LaunchConfig:
         return split_config(n, dtype, self.op)
@@ -320,26 +329,27 @@ class SplitRowsKernel(TritonKernel):
     def _meta(self, cfg: LaunchConfig) -> dict:
         return {}  # SPLITS comes from the call, which knows N
 
-    def run_split(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, head: tuple, tail: tuple, **meta):
-        """Launch on x (M, N): the kernel's arguments are ``head`` (its tensors), the workspace,
-        ``tail`` (M, N, strides, eps), then GROUPS."""
+    def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
+        """As TritonKernel.run, with the workspace between ``tensors`` and ``scalars`` and the
+        group count after them, over a persistent grid of groups x SPLITS programs."""
         m, n = x.shape
         splits = cdiv(n, cfg.block_n)
         meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
         words, done = _split_workspace(x.device)
-        key = (kernel_name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
-        per_sm = _PROGRAMS_PER_SM.get(key)
-        if per_sm is None:  # compile once (GROUPS is not specialised on, so any value serves)
-            compiled = self.launch(kernel_name, x, cfg, *head, words, done, *tail, 1,
+        key = (self._kernel_name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
+        resident = _RESIDENT_PROGRAMS.get(key)
+        if resident is None:  # compile once (GROUPS is not specialised on, so any value serves)
+            compiled = self.launch(self._kernel_name, x, cfg, *tensors, words, done, *scalars, 1,
                                    grid=(1,), compile_only=True, **meta)
-            per_sm = _PROGRAMS_PER_SM[key] = programs_per_sm(compiled, x.device)
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        groups = max(1, min(m, sms * per_sm // splits))
-        self.launch(kernel_name, x, cfg, *head, words, done, *tail, groups,
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+            resident = _RESIDENT_PROGRAMS[key] = sms * programs_per_sm(compiled, x.device)
+        groups = max(1, min(m, resident // splits))
+        self.launch(self._kernel_name, x, cfg, *tensors, words, done, *scalars, groups,
                     grid=(groups * splits,), **meta)
 
 
-_PROGRAMS_PER_SM: dict = {}
+# Programs of one compiled split kernel the whole GPU holds at once, by launch key.
+_RESIDENT_PROGRAMS: dict = {}
 _WORKSPACE: dict = {}
 # Workspaces made during CUDA graph capture: the graph zeroes them at each replay, so they must
 # live as long as it does; one small pair per capture.

@@ -18,11 +18,8 @@ class _TritonLayerNorm(TritonKernel):
         # Absent weight or bias: x stands in as a pointer the kernel never reads.
         w = weight if weight is not None else x
         b = bias if bias is not None else x
-        self.launch(
-            self._kernel_name, x, cfg,
-            x, w, b, out.y, out.mean, out.rstd, m, n, x.stride(0), out.y.stride(0), eps,
-            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        )
+        self.run(x, cfg, (x, w, b, out.y, out.mean, out.rstd), (m, n, x.stride(0), out.y.stride(0), eps),
+                 HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
 
 
 @register
@@ -43,15 +40,5 @@ class TritonLayerNormLooped(_TritonLayerNorm):
 
 
 @register
-class TritonLayerNormSplit(SplitRowsKernel):
-    op = "layer_norm"
-    outputs = ("y", "mean", "rstd")
-
-    def _forward(self, x, weight, bias, eps, out: NormOutputs, cfg: LaunchConfig | None = None) -> None:
-        m, n = x.shape
-        cfg = cfg or self.config(n, x.dtype, m)
-        w = weight if weight is not None else x  # absent weight or bias: never read
-        b = bias if bias is not None else x
-        self.run_split("layer_norm_split", x, cfg, (x, w, b, out.y, out.mean, out.rstd),
-                       (m, n, x.stride(0), out.y.stride(0), eps),
-                       HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
+class TritonLayerNormSplit(SplitRowsKernel, _TritonLayerNorm):
+    _kernel_name = "layer_norm_split"

@@ -16,11 +16,8 @@ class _TritonRMSNorm(TritonKernel):
         m, n = x.shape
         cfg = cfg or self.config(n, x.dtype, m)  # an explicit cfg: tools/triton_sweep.py
         w = weight if weight is not None else x  # never read when HAS_WEIGHT is off
-        self.launch(
-            self._kernel_name, x, cfg,
-            x, w, out.y, out.rstd, m, n, x.stride(0), out.y.stride(0), eps,
-            HAS_WEIGHT=weight is not None,
-        )
+        self.run(x, cfg, (x, w, out.y, out.rstd), (m, n, x.stride(0), out.y.stride(0), eps),
+                 HAS_WEIGHT=weight is not None)
 
 
 @register
@@ -40,13 +37,5 @@ class TritonRMSNormLooped(_TritonRMSNorm):
 
 
 @register
-class TritonRMSNormSplit(SplitRowsKernel):
-    op = "rms_norm"
-    outputs = ("y", "rstd")
-
-    def _forward(self, x, weight, bias, eps, out: NormOutputs, cfg: LaunchConfig | None = None) -> None:
-        m, n = x.shape
-        cfg = cfg or self.config(n, x.dtype, m)
-        w = weight if weight is not None else x  # never read when HAS_WEIGHT is off
-        self.run_split("rms_norm_split", x, cfg, (x, w, out.y, out.rstd),
-                       (m, n, x.stride(0), out.y.stride(0), eps), HAS_WEIGHT=weight is not None)
+class TritonRMSNormSplit(SplitRowsKernel, _TritonRMSNorm):
+    _kernel_name = "rms_norm_split"
