@@ -162,26 +162,26 @@ def main(argv=None) -> int:
         _, x, w, b, out = held
         nbytes = timing.bytes_moved(m, n, dt, True, b is not None, len(kernel.outputs) - 1)
         fn = lambda: kernel._forward(x, w, b, 1e-6, out, cfg)  # noqa: E731
+        r = dict(op=op, dtype=dtype, n=n, m=m, variant=variant, block_n=cfg.block_n, rows=cfg.rows,
+                 warps=cfg.num_warps, w_first=cfg.w_first)
+        label = (f"{op:<10} {dtype:<8} {m:>6}x{n:<6} {variant:<7} block={cfg.block_n:<5} rows={cfg.rows} "
+                 f"warps={cfg.num_warps:<2}{' w_first' if cfg.w_first else ''}")
         try:
             if m_given:  # as the decode benchmarks time: graph replay, L2 warm
                 ms = statistics.median(timing.GraphTimer(fn, tools, clock=timing.KernelClock()).run(20, 3)) * 1e3
             else:
                 ms = timing.gpu_time_ms(fn, tools, rounds=15, warmup=2)
         except Exception as exc:  # a setting Triton cannot compile is a result, not the end of the sweep
-            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}"
-            results.append(dict(op=op, dtype=dtype, n=n, m=m, variant=variant, block_n=cfg.block_n, rows=cfg.rows,
-                                warps=cfg.num_warps, w_first=cfg.w_first, error=error))
-            print(f"{op:<10} {dtype:<8} {m:>6}x{n:<6} {variant:<7} block={cfg.block_n:<5} rows={cfg.rows} "
-                  f"warps={cfg.num_warps:<2} failed: {error}", flush=True)
+            lines = str(exc).strip().splitlines()
+            r["error"] = f"{type(exc).__name__}: {lines[-1][:200] if lines else ''}"
+            results.append(r)
+            print(f"{label} failed: {r['error']}", flush=True)
             continue
         gbps = nbytes / ms / 1e6
-        r = dict(op=op, dtype=dtype, n=n, m=m, variant=variant, block_n=cfg.block_n, rows=cfg.rows,
-                 warps=cfg.num_warps, w_first=cfg.w_first, us=ms * 1e3, gbps=gbps, pct=100 * gbps / ceiling,
-                 heuristic=cfg == kernel.config(n, dt, m))
+        r.update(us=ms * 1e3, gbps=gbps, pct=100 * gbps / ceiling, heuristic=cfg == kernel.config(n, dt, m))
         results.append(r)
-        print(f"{op:<10} {dtype:<8} {m:>6}x{n:<6} {variant:<7} block={cfg.block_n:<5} rows={cfg.rows} "
-              f"warps={cfg.num_warps:<2}{' w_first' if cfg.w_first else ''} {r['us']:8.2f} us {gbps:6.0f} GB/s {r['pct']:5.1f}%"
-              + (" <- heuristic" if r["heuristic"] else ""), flush=True)
+        print(f"{label} {r['us']:8.2f} us {gbps:6.0f} GB/s {r['pct']:5.1f}%" + (" <- heuristic" if r["heuristic"] else ""),
+              flush=True)
         if args.json and len(results) % 50 == 0:  # a run cut short still leaves its results
             _session.write_json(args.json, ceiling, results)
     if args.json:
