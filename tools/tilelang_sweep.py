@@ -36,7 +36,7 @@ from impls.tilelang._plan import choose_vec, make_plan, vectors_per_thread  # no
 
 OPS = {"fragment": "rms_norm", "layer_norm_fwd": "layer_norm"}
 NS = (4000, 5120, 12288, 16384, 32768)
-THREADS = (128, 256, 512, 1024)
+THREADS = (32, 64, 128, 256, 512, 1024)
 MAX_VECTORS = 16  # per thread; more spills at any launch bound
 REG_BUDGETS = (40, 64, 80)  # registers per thread a launch bound may aim ptxas at
 
