@@ -6,15 +6,15 @@ import torch
 import impls.triton as tri
 from impls.base import UnsupportedCase
 from impls.reference import reference
-from impls.triton._launch import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, ROWWISE_MAX_N, SPLIT_MAX, SPLIT_MAX_BLOCK,
-                                  LaunchConfig, launch_config, looped_block, next_pow2, split_config)
+from impls.triton._launch import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, LOOPED_TUNED, LOOPED_TUNED_FLOAT16,
+                                  ROWWISE_MAX_N, SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig, launch_config, looped_block, next_pow2, split_config)
 
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("n", [1, 7, 769, 4000, 4096, 65536, 65537, 262144])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 7, 769, 4000, 4096, 5120, 8192, 16384, 32768, 65536, 65537, 262144])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("looped", [False, True])
 def test_launch_config_covers_the_row(n, dtype, looped):
     for op in ("rms_norm", "layer_norm"):
@@ -26,6 +26,14 @@ def test_launch_config_covers_the_row(n, dtype, looped):
             assert cfg.block_n <= max(LOOPED_MAX_BLOCK, next_pow2(n))
         else:
             assert cfg.block_n >= n  # one tile holds the whole row
+
+
+def test_float16_table_comes_first_and_only_for_float16():
+    for (op, n), entry in LOOPED_TUNED_FLOAT16.items():
+        assert launch_config(n, torch.float16, True, op) == LaunchConfig(*entry)
+        bf16 = LOOPED_TUNED.get((op, 2, n))
+        if bf16:
+            assert launch_config(n, torch.bfloat16, True, op) == LaunchConfig(*bf16)
 
 
 def test_decode_rule_applies_to_few_long_rows_only():

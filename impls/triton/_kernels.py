@@ -5,10 +5,12 @@ Loads are masked (rows >= M, columns >= N) with 0 as the fill, and every sum ove
 sees 0 in padded lanes, so statistics divide by N, never by the padded width. Accumulation
 and statistics are float32; y is stored in x's dtype. Row offsets are 64-bit.
 
-The looped kernels take N as a compile-time constant (one compilation per N, as the TileLang
-kernels have it): the chunk count is then known, which measured 81% -> 100% of copy for RMSNorm
-bf16 at N = 12288 (docs/perf-notes.md, item 15). It also gives the interpreter a Python int
-loop bound, which it needs.
+The looped, split and LayerNorm rowwise kernels take N as a compile-time constant (one
+compilation per N, as the TileLang kernels have it): the chunk count is then known, which
+measured 81% -> 100% of copy for RMSNorm bf16 at N = 12288 (docs/perf-notes.md, item 15). It
+also gives the interpreter a Python int loop bound, which it needs. For the rowwise LayerNorm a
+static N measured 0.3-1.3 points faster in bf16 at N 1024-4096 (item 21); the rowwise RMSNorm
+was not faster with it and keeps N a runtime value.
 """
 import triton
 import triton.language as tl
@@ -104,7 +106,7 @@ def _add_pair(a1, a2, b1, b2):
 
 @triton.jit
 def layer_norm_rowwise(
-    X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
+    X, W, B, Y, MEAN, RSTD, M, N: tl.constexpr, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     W_FIRST: tl.constexpr, SEPARATE_SUMS: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):

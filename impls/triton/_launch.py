@@ -58,7 +58,7 @@ ROWWISE_TUNED = {
 
 # Looped launch settings measured fastest: (op, bytes per element, N) -> (chunk width, rows per
 # program, warps), with N a compile-time constant (9e27a29): 16-bit from
-# reports/h200/triton-sweep-looped-static-n.json (bf16; fp16 takes the same), float32 from
+# reports/h200/triton-sweep-looped-static-n.json (bf16; fp16 the same unless LOOPED_TUNED_FLOAT16 says), float32 from
 # reports/h200/triton-sweep-looped-fp32.json, both 2026-11-29. 4000, 4096, 131072 and 262144 in
 # 16-bit are from the earlier runtime-N sweeps (triton-sweep.json, triton-sweep-layer_norm-looped.json).
 LOOPED_TUNED = {
@@ -76,6 +76,16 @@ LOOPED_TUNED = {
     ("layer_norm", 4, 4000): (4096, 1, 8), ("layer_norm", 4, 4096): (4096, 1, 8), ("layer_norm", 4, 5120): (2048, 2, 16),
     ("layer_norm", 4, 8192): (2048, 1, 16), ("layer_norm", 4, 12288): (4096, 1, 16), ("layer_norm", 4, 16384): (4096, 1, 32),
     ("layer_norm", 4, 32768): (8192, 1, 32), ("layer_norm", 4, 65536): (4096, 1, 32), ("layer_norm", 4, 262144): (4096, 1, 32),
+}
+# float16 where its optimum differs from bf16's. LayerNorm looped, fp16 on bf16's settings,
+# measured 5-15 points below bf16 (the PTX differs only in the conversion instruction); its own
+# sweep (reports/h200/triton-sweep-layer_norm-fp16.json, 2026-11-29, with a bf16 control run in
+# the same call that reproduced bf16's table) put it at bf16's level: 8192 82.9 -> 97.7%,
+# 16384 83.3 -> 94.3%, 5120 85.3 -> 91.7%, 12288 90.4 -> 95.6%, 32768 80.0 -> 87.6% of copy.
+LOOPED_TUNED_FLOAT16 = {
+    ("layer_norm", 4000): (4096, 1, 8), ("layer_norm", 4096): (1024, 1, 4), ("layer_norm", 5120): (1024, 1, 4),
+    ("layer_norm", 8192): (2048, 2, 8), ("layer_norm", 12288): (4096, 1, 8), ("layer_norm", 16384): (4096, 2, 16),
+    ("layer_norm", 32768): (8192, 1, 32),
 }
 
 # Split kernels (a row over SPLITS programs, x read once): at most SPLIT_MAX programs per row
@@ -137,7 +147,7 @@ def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm"
     """Launch settings from (op, N, dtype) and the row count M; no autotuning.
 
     From the tables where the sweep measured that shape class (ROWWISE_TUNED by tile width,
-    LOOPED_TUNED by N); otherwise by rule:
+    LOOPED_TUNED by N, LOOPED_TUNED_FLOAT16 before it for float16); otherwise by rule:
 
     - rowwise: the tile is the row padded to a power of two; rows = TILE_ELEMS // BLOCK_N in
       [1, MAX_ROWS] (short rows share a program: fuller programs on the GPU, and far fewer
@@ -153,7 +163,8 @@ def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm"
         return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * DECODE_PER_THREAD)),
                             w_first=True)
     if looped and block_n > 1024:
-        tuned = LOOPED_TUNED.get((op, dtype.itemsize, n))
+        tuned = (LOOPED_TUNED_FLOAT16.get((op, n)) if dtype == torch.float16 else None) or \
+            LOOPED_TUNED.get((op, dtype.itemsize, n))
         if tuned:
             return LaunchConfig(*tuned)
         block_n = looped_block(n, dtype.itemsize)
