@@ -94,21 +94,16 @@ def rms_norm_looped(
 
 
 # -- LayerNorm ----------------------------------------------------------------------------------
-# Both LayerNorm kernels work on s = x - k, k an estimate of the row's mean (rowwise: sum(x) / N;
-# looped: the first chunk's mean). For rows with a large mean (1e4 + noise) s is small and
-# exact, so neither the mean nor x - mean loses the noise to float32 rounding at the mean's
-# magnitude. (The row's first element is not such an estimate: where it is an outlier, x - k
-# rounds at the outlier's magnitude; the catalogue's "outlier_first" rows catch that.)
-@triton.jit
-def _add_pair(a1, a2, b1, b2):
-    return a1 + b1, a2 + b2
-
-
+# The rowwise kernel holds the row in registers: the mean, then the variance of the centred row
+# (two plain reductions; no E[x^2] - E[x]^2, so large-mean rows do not cancel). The looped kernel
+# cannot hold the row and works on s = x - k, k the first chunk's mean: for rows with a large mean
+# (1e4 + noise) s is small and exact, so neither its mean nor its variance loses the noise to
+# float32 rounding at the mean's magnitude.
 @triton.jit
 def layer_norm_rowwise(
     X, W, B, Y, MEAN, RSTD, M, N: tl.constexpr, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    W_FIRST: tl.constexpr, SEPARATE_SUMS: tl.constexpr, ROUND_BF16: tl.constexpr,
+    W_FIRST: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -120,22 +115,13 @@ def layer_norm_rowwise(
         if HAS_BIAS:
             b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
     x = tl.load(X + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    k = tl.sum(x, axis=1) / N  # padded lanes hold 0
-    xs = tl.where(mask, x - k[:, None], 0.0)  # padded lanes would hold -k
-    # One reduction of the pair (sum s, sum s^2): k is the row's mean up to rounding, so the
-    # correction E[s]^2 is tiny against E[s^2] and nothing cancels. SEPARATE_SUMS (set under the
-    # interpreter only): the interpreter runs a reduction with a combine function as one
-    # sequential float32 loop, 1e-5 off at N = 65536, where the GPU reduces as a tree and
-    # tl.sum maps to numpy's pairwise sum; two tl.sum then keep the GPU's accuracy.
-    if SEPARATE_SUMS:
-        s1 = tl.sum(xs, axis=1)
-        s2 = tl.sum(xs * xs, axis=1)
-    else:
-        s1, s2 = tl.reduce((xs, xs * xs), 1, _add_pair)
-    mean_s = s1 / N
-    var = s2 / N - mean_s * mean_s
-    rstd = tl.rsqrt(tl.where(var < 0.0, 0.0, var) + eps)  # not tl.maximum: it drops NaN on the GPU
-    y = (xs - mean_s[:, None]) * rstd[:, None]
+    mean = tl.sum(x, axis=1) / N  # padded lanes hold 0
+    xc = tl.where(mask, x - mean[:, None], 0.0)  # padded lanes would hold -mean
+    # The mean's own rounding (a few ulps of a large mean) enters y as that much of an input
+    # perturbation, which is all the input's precision holds; a correction term for it (a pair
+    # reduction) cost up to 0.2 us at decode sizes (docs/perf-notes.md, item 22).
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+    y = xc * rstd[:, None]
     if HAS_WEIGHT:
         if not W_FIRST:
             w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -145,7 +131,7 @@ def layer_norm_rowwise(
             b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y + b[None, :]
     _store_y(Y, yoff[:, None] + cols[None, :], y, mask, ROUND_BF16)
-    tl.store(MEAN + rows, k + mean_s, mask=rmask)
+    tl.store(MEAN + rows, mean, mask=rmask)
     tl.store(RSTD + rows, rstd, mask=rmask)
 
 

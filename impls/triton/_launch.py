@@ -44,15 +44,20 @@ DECODE_PER_THREAD = 16
 # per thread, where the old rule's 16 cost up to 30 points for LayerNorm (two reductions, one
 # block per SM). Tile widths not measured fall back to the rule. Measured at f851eaa; LayerNorm
 # rowwise again after its pair reduction (a89e413), reports/h200/triton-sweep-layer_norm-rowwise.json:
-# bf16 1024, 2048 and 4096 changed (93.6 -> 97.1, 93.2 -> 95.3, 93.7 -> 94.8 % of copy).
+# bf16 1024, 2048 and 4096 changed (93.6 -> 97.1, 93.2 -> 95.3, 93.7 -> 94.8 % of copy). LayerNorm
+# rowwise at 1024-4096 once more after it dropped the pair reduction (reports/h200/
+# triton-sweep-layer_norm-rowwise-two-sums.json, 2026-11-29): 16-bit 1024 (2, 4), 2048 (1, 4),
+# 4096 (2, 8); float32 2048 (2, 16): 96.2 -> 97.9, 95.9 -> 96.5, 94.5 -> 96.6, 96.8 -> 98.9 (bf16;
+# float32 for 2048).
 ROWWISE_TUNED = {
     ("rms_norm", 2, 1024): (2, 2), ("rms_norm", 2, 2048): (1, 4), ("rms_norm", 2, 4096): (1, 8),
     ("rms_norm", 2, 8192): (1, 8), ("rms_norm", 2, 16384): (1, 32), ("rms_norm", 2, 32768): (1, 16),
-    ("layer_norm", 2, 1024): (2, 2), ("layer_norm", 2, 2048): (1, 2), ("layer_norm", 2, 4096): (1, 4),
+    ("layer_norm", 2, 1024): (2, 4), ("layer_norm", 2, 2048): (1, 4), ("layer_norm", 2, 4096): (2, 8),
     ("layer_norm", 2, 8192): (1, 8), ("layer_norm", 2, 16384): (1, 16), ("layer_norm", 2, 32768): (1, 32),
     ("rms_norm", 4, 1024): (1, 4), ("rms_norm", 4, 4096): (1, 16), ("rms_norm", 4, 8192): (1, 16),
     ("rms_norm", 4, 16384): (1, 32),
-    ("layer_norm", 4, 1024): (1, 4), ("layer_norm", 4, 4096): (1, 16), ("layer_norm", 4, 8192): (1, 8),
+    ("layer_norm", 4, 1024): (1, 4), ("layer_norm", 4, 2048): (2, 16), ("layer_norm", 4, 4096): (1, 16),
+    ("layer_norm", 4, 8192): (1, 8),
     ("layer_norm", 4, 16384): (1, 16),
 }
 

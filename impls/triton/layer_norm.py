@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from impls.base import NormOutputs
 from impls.registry import register
-from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, SplitRowsKernel, TritonKernel, state
+from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, SplitRowsKernel, TritonKernel
 
 
 class _TritonLayerNorm(TritonKernel):
@@ -29,8 +29,7 @@ class TritonLayerNormRowwise(_TritonLayerNorm):
     _kernel_name = "layer_norm_rowwise"
 
     def _meta(self, cfg: LaunchConfig) -> dict:
-        # SEPARATE_SUMS: see _kernels.layer_norm_rowwise
-        return {**super()._meta(cfg), "W_FIRST": cfg.w_first, "SEPARATE_SUMS": state().interpreted}
+        return {**super()._meta(cfg), "W_FIRST": cfg.w_first}
 
 
 @register
