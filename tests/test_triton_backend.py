@@ -6,8 +6,9 @@ import torch
 import impls.triton as tri
 from impls.base import UnsupportedCase
 from impls.reference import reference
-from impls.triton._launch import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, LOOPED_TUNED, LOOPED_TUNED_FLOAT16,
-                                  ROWWISE_MAX_N, SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig, launch_config, looped_block, next_pow2, split_config)
+from impls.triton._launch import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, LOOPED_TUNED, LOOPED_TUNED_FLOAT16, SPLIT_MAX,
+                                  SPLIT_MAX_BLOCK, LaunchConfig, launch_config, looped_block, next_pow2,
+                                  split_config)
 
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -71,13 +72,31 @@ def test_looped_chunks_cover_non_power_of_two_rows_with_little_padding():
         assert (-(-n // block)) * block - n <= n // 16, (n, block)
 
 
-def test_variant_is_chosen_by_n_and_dtype():
-    assert tri.choose_variant(4096, torch.bfloat16) == "rowwise"
-    assert tri.choose_variant(4097, torch.bfloat16) == "looped"
-    assert tri.choose_variant(65536, torch.bfloat16) == "looped"
-    # long float32 rows: split where it can run (a GPU), looped under the interpreter
-    assert tri.choose_variant(65536, torch.float32) == ("split" if DEVICE == "cuda" else "looped")
-    assert tri.choose_variant(SPLIT_MAX * SPLIT_MAX_BLOCK + 1, torch.float32) == "looped"
+def test_variant_is_chosen_by_op_n_and_dtype():
+    split = "split" if DEVICE == "cuda" else "looped"  # split runs on a GPU only
+    assert tri.choose_variant("rms_norm", 2048, torch.bfloat16) == "looped"
+    assert tri.choose_variant("rms_norm", 4096, torch.bfloat16) == "rowwise"
+    assert tri.choose_variant("rms_norm", 4097, torch.float16) == "looped"
+    assert tri.choose_variant("rms_norm", 32768, torch.float32) == "rowwise"
+    assert tri.choose_variant("rms_norm", 65536, torch.float32) == split
+    assert tri.choose_variant("layer_norm", 5120, torch.bfloat16) == "rowwise"
+    assert tri.choose_variant("layer_norm", 8192, torch.float16) == "looped"
+    assert tri.choose_variant("layer_norm", 8192, torch.float32) == "looped"
+    assert tri.choose_variant("layer_norm", 12288, torch.float32) == "rowwise"
+    assert tri.choose_variant("layer_norm", 65536, torch.float32) == split
+    # past either variant's limit: looped, which takes any N
+    assert tri.choose_variant("rms_norm", SPLIT_MAX * SPLIT_MAX_BLOCK + 1, torch.float32) == "looped"
+    assert tri.choose_variant("layer_norm", SPLIT_MAX * SPLIT_MAX_BLOCK + 1, torch.float32) == "looped"
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_every_n_gets_a_variant_that_takes_it(op, dtype):
+    from impls import registry
+
+    for n in (1, 7, 1024, 2048, 4000, 4096, 5120, 8192, 12288, 32768, 32769, 65536, 262144, 2**21):
+        kernel = registry.get(op, "triton", tri.choose_variant(op, n, dtype))
+        assert kernel.max_n is None or n <= kernel.max_n, (op, n, kernel.name)
 
 
 def test_rowwise_refuses_rows_longer_than_one_tile():

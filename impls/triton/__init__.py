@@ -38,7 +38,7 @@ def note() -> str:
 def _kernel(op: str, x):
     from impls import registry
 
-    return registry.get(op, "triton", choose_variant(x.shape[-1] if x.dim() else 0, x.dtype))
+    return registry.get(op, "triton", choose_variant(op, x.shape[-1] if x.dim() else 0, x.dtype))
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, out=None):

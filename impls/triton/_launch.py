@@ -201,24 +201,35 @@ def looped_block(n: int, itemsize: int) -> int:
     return block_n
 
 
-# Where the dispatch functions (impls.triton.rms_norm / layer_norm) stop using rowwise, and
-# where float32 rows go to split. From the benchmark of 31eb1f6 (reports/h200/benchmark.md,
-# 2026-11-29): rowwise was the fastest Triton variant at N 4000-4096 for both ops in 16-bit;
-# above that the looped kernel (N a compile-time constant) led at every N up to 65536
-# (RMSNorm bf16 12288: 100.6% of copy against rowwise 88.9%); split led for float32 at N
-# 65536-262144 (RMSNorm 65536: 89.4% against looped 76.1%) and lost to looped in 16-bit.
-DISPATCH_ROWWISE_MAX_N = 4096
-DISPATCH_SPLIT_MIN_N_FLOAT32 = 65536
+# The variant the dispatch functions (impls.triton.rms_norm / layer_norm) run, by op and bytes
+# per element: (up to N, variant) ranges in order, the last open-ended. From the benchmark of
+# 1ba5d02 (reports/h200/benchmark.md, 2026-11-29), the fastest Triton variant at each N, kept
+# where it led by a point or more:
+# - RMSNorm: looped (N static, the row as one tile up to 1024) everywhere but 16-bit 4000-4096,
+#   where rowwise led by 1.0-2.6 points, and float32 32768 (rowwise 96.9% against 90.4%);
+#   float32 from 65536: split (89.9% against looped 75.2% at 65536).
+# - LayerNorm 16-bit: rowwise up to 5120 (looped 84-93% there), looped beyond.
+# - LayerNorm float32: looped up to 8192, rowwise 12288-32768 (97.5% against 93.2% at 12288,
+#   86.8% against 78.2% at 32768), split from 65536 (80.4% against 72.9%).
+# "split" falls back to looped where split cannot run (no GPU) or the row is too long for it.
+DISPATCH = {
+    ("rms_norm", 2): ((2048, "looped"), (4096, "rowwise"), (None, "looped")),
+    ("rms_norm", 4): ((16384, "looped"), (32768, "rowwise"), (None, "split")),
+    ("layer_norm", 2): ((5120, "rowwise"), (None, "looped")),
+    ("layer_norm", 4): ((8192, "looped"), (32768, "rowwise"), (None, "split")),
+}
 
 
-def choose_variant(n: int, dtype: torch.dtype | None = None) -> str:
-    """The Triton variant the dispatch functions run for rows of N elements of ``dtype``: rowwise
-    up to DISPATCH_ROWWISE_MAX_N, looped beyond, and split for long float32 rows where it can run
-    (a GPU; never under the interpreter)."""
-    if (dtype == torch.float32 and DISPATCH_SPLIT_MIN_N_FLOAT32 <= n <= SPLIT_MAX * SPLIT_MAX_BLOCK
-            and split_unavailable() is None):
-        return "split"
-    return "rowwise" if n <= DISPATCH_ROWWISE_MAX_N else "looped"
+def choose_variant(op: str, n: int, dtype: torch.dtype) -> str:
+    """The Triton variant the dispatch functions run for rows of N elements of ``dtype``
+    (DISPATCH; rowwise never beyond ROWWISE_MAX_N, split only where it can run)."""
+    ranges = DISPATCH[(op, 2 if dtype.itemsize <= 2 else 4)]
+    variant = next(v for most, v in ranges if most is None or n <= most)
+    if variant == "split" and (n > SPLIT_MAX * SPLIT_MAX_BLOCK or split_unavailable() is not None):
+        return "looped"
+    if variant == "rowwise" and n > ROWWISE_MAX_N:
+        return "looped"
+    return variant
 
 
 def split_unavailable() -> str | None:
