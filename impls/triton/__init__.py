@@ -38,7 +38,8 @@ def note() -> str:
 def _kernel(op: str, x):
     from impls import registry
 
-    return registry.get(op, "triton", choose_variant(op, x.shape[-1] if x.dim() else 0, x.dtype))
+    n = x.shape[-1] if x.dim() else 0
+    return registry.get(op, "triton", choose_variant(op, n, x.dtype, m=x.numel() // n if n else 0))
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, out=None):

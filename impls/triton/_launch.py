@@ -220,9 +220,18 @@ DISPATCH = {
 }
 
 
-def choose_variant(op: str, n: int, dtype: torch.dtype) -> str:
-    """The Triton variant the dispatch functions run for rows of N elements of ``dtype``
-    (DISPATCH; rowwise never beyond ROWWISE_MAX_N, split only where it can run)."""
+# Few rows (decode): rowwise, with launch_config's decode rule, at N up to this. In the 1ba5d02
+# benchmark (M 1-64, N 4096 and 8192) rowwise took 1.6-3.1 us, looped 2.0-4.3 us (LayerNorm bf16
+# 1 x 8192: 2.36 against 4.01 us), split over 5 us; longer rows were not measured with few rows.
+DISPATCH_DECODE_MAX_N = 8192
+
+
+def choose_variant(op: str, n: int, dtype: torch.dtype, m: int | None = None) -> str:
+    """The Triton variant the dispatch functions run for M rows of N elements of ``dtype``
+    (DISPATCH; rowwise for few rows; rowwise never beyond ROWWISE_MAX_N, split only where it can
+    run)."""
+    if m is not None and m <= DECODE_MAX_ROWS and n <= DISPATCH_DECODE_MAX_N:
+        return "rowwise"
     ranges = DISPATCH[(op, 2 if dtype.itemsize <= 2 else 4)]
     variant = next(v for most, v in ranges if most is None or n <= most)
     if variant == "split" and (n > SPLIT_MAX * SPLIT_MAX_BLOCK or split_unavailable() is not None):
