@@ -71,9 +71,10 @@ LOOPED_TUNED = {
     ("rms_norm", 2, 8192): (8192, 1, 16), ("rms_norm", 2, 12288): (8192, 1, 16), ("rms_norm", 2, 16384): (8192, 1, 16),
     ("rms_norm", 2, 32768): (8192, 1, 32), ("rms_norm", 2, 65536): (8192, 1, 32), ("rms_norm", 2, 131072): (8192, 1, 32),
     ("rms_norm", 2, 262144): (8192, 1, 32),
-    # N = 1024: one tile, where the looped kernel otherwise takes the rowwise table's setting. The
-    # rowwise LayerNorm's new optimum there (2 rows x 4 warps) took the looped one from 98.6% (bf16;
-    # fp16 97.7%) at 31eb1f6 to 85.2% (88.1%) at 1ba5d02; 2 x 2 is what it had.
+    # A row of one 1024-wide tile (N 513-1024; the key is the tile width), where the looped kernel
+    # otherwise takes the rowwise table's setting. The rowwise LayerNorm's new optimum there (2 rows
+    # x 4 warps) took the looped one from 98.6% (bf16; fp16 97.7%) at 31eb1f6 to 85.2% (88.1%) at
+    # 1ba5d02; 2 x 2 is what it had.
     ("layer_norm", 2, 1024): (1024, 2, 2),
     ("layer_norm", 2, 4000): (1024, 2, 4), ("layer_norm", 2, 4096): (1024, 2, 4), ("layer_norm", 2, 5120): (1024, 2, 4),
     ("layer_norm", 2, 8192): (1024, 1, 4), ("layer_norm", 2, 12288): (2048, 1, 8), ("layer_norm", 2, 16384): (2048, 1, 8),
@@ -172,15 +173,16 @@ def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm"
         return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * DECODE_PER_THREAD)),
                             w_first=True)
     if looped:
-        tuned = (LOOPED_TUNED_FLOAT16.get((op, n)) if dtype == torch.float16 else None) or \
-            LOOPED_TUNED.get((op, dtype.itemsize, n))
+        key = n if block_n > 1024 else block_n  # a one-tile row: by tile width, as ROWWISE_TUNED
+        tuned = (LOOPED_TUNED_FLOAT16.get((op, key)) if dtype == torch.float16 else None) or \
+            LOOPED_TUNED.get((op, dtype.itemsize, key))
         if tuned:
             return LaunchConfig(*tuned)
-    if looped and block_n > 1024:
-        block_n = looped_block(n, dtype.itemsize)
-        # float32 LayerNorm: 16 per thread (fewer warps) measured 87% where 8 gave 60% (N=16384).
-        per_thread = 2 * LOOPED_PER_THREAD if op == "layer_norm" and dtype.itemsize == 4 else LOOPED_PER_THREAD
-        return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * per_thread)))
+        if block_n > 1024:
+            block_n = looped_block(n, dtype.itemsize)
+            # float32 LayerNorm: 16 per thread (fewer warps) measured 87% where 8 gave 60% (N=16384).
+            per_thread = 2 * LOOPED_PER_THREAD if op == "layer_norm" and dtype.itemsize == 4 else LOOPED_PER_THREAD
+            return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * per_thread)))
     tuned = ROWWISE_TUNED.get((op, dtype.itemsize, block_n))
     if tuned:
         return LaunchConfig(block_n=block_n, rows=tuned[0], num_warps=tuned[1])
@@ -233,17 +235,14 @@ DISPATCH_DECODE_MAX_N = 8192
 
 def choose_variant(op: str, n: int, dtype: torch.dtype, m: int | None = None) -> str:
     """The Triton variant the dispatch functions run for M rows of N elements of ``dtype``
-    (DISPATCH; rowwise for few rows; rowwise never beyond ROWWISE_MAX_N, split only where it can
-    run)."""
+    (DISPATCH; rowwise for few rows; split only where it can run)."""
     if m is not None and m <= DECODE_MAX_ROWS and n <= DISPATCH_DECODE_MAX_N:
         return "rowwise"
     ranges = DISPATCH[(op, 2 if dtype.itemsize <= 2 else 4)]
     variant = next(v for most, v in ranges if most is None or n <= most)
     if variant == "split" and (n > SPLIT_MAX * SPLIT_MAX_BLOCK or split_unavailable() is not None):
         return "looped"
-    if variant == "rowwise" and n > ROWWISE_MAX_N:
-        return "looped"
-    return variant
+    return variant  # DISPATCH's rowwise ranges end within ROWWISE_MAX_N (tests hold it to that)
 
 
 def split_unavailable() -> str | None:
@@ -340,6 +339,17 @@ class TritonKernel(NormKernel):
             with torch.cuda.device(x.device):
                 return fn[grid](*args, **kwargs)
         return fn[grid](*args, **kwargs)
+
+
+class RowwiseKernel(TritonKernel):
+    """The rowwise variant: the whole row in one tile, so N is bounded; its kernels take W_FIRST
+    (the decode rule's weight-with-x load)."""
+
+    variant = "rowwise"
+    max_n = ROWWISE_MAX_N
+
+    def _meta(self, cfg: LaunchConfig) -> dict:
+        return {**super()._meta(cfg), "W_FIRST": cfg.w_first}
 
 
 class SplitRowsKernel(TritonKernel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from impls.base import NormOutputs
 from impls.registry import register
-from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, SplitRowsKernel, TritonKernel
+from impls.triton._launch import LaunchConfig, RowwiseKernel, SplitRowsKernel, TritonKernel
 
 
 class _TritonLayerNorm(TritonKernel):
@@ -23,13 +23,8 @@ class _TritonLayerNorm(TritonKernel):
 
 
 @register
-class TritonLayerNormRowwise(_TritonLayerNorm):
-    variant = "rowwise"
-    max_n = ROWWISE_MAX_N
+class TritonLayerNormRowwise(RowwiseKernel, _TritonLayerNorm):
     _kernel_name = "layer_norm_rowwise"
-
-    def _meta(self, cfg: LaunchConfig) -> dict:
-        return {**super()._meta(cfg), "W_FIRST": cfg.w_first}
 
 
 @register

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from impls.base import NormOutputs
 from impls.registry import register
-from impls.triton._launch import ROWWISE_MAX_N, LaunchConfig, SplitRowsKernel, TritonKernel
+from impls.triton._launch import LaunchConfig, RowwiseKernel, SplitRowsKernel, TritonKernel
 
 
 class _TritonRMSNorm(TritonKernel):
@@ -21,13 +21,8 @@ class _TritonRMSNorm(TritonKernel):
 
 
 @register
-class TritonRMSNormRowwise(_TritonRMSNorm):
-    variant = "rowwise"
-    max_n = ROWWISE_MAX_N
+class TritonRMSNormRowwise(RowwiseKernel, _TritonRMSNorm):
     _kernel_name = "rms_norm_rowwise"
-
-    def _meta(self, cfg: LaunchConfig) -> dict:
-        return {**super()._meta(cfg), "W_FIRST": cfg.w_first}
 
 
 @register
