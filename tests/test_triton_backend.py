@@ -80,13 +80,15 @@ def test_variant_is_chosen_by_op_n_and_dtype():
     assert tri.choose_variant("rms_norm", 32768, torch.float32) == "rowwise"
     assert tri.choose_variant("rms_norm", 65536, torch.float32) == split
     assert tri.choose_variant("layer_norm", 5120, torch.bfloat16) == "rowwise"
-    assert tri.choose_variant("layer_norm", 8192, torch.float16) == "looped"
+    assert tri.choose_variant("layer_norm", 8192, torch.float16) == "rowwise"
+    assert tri.choose_variant("layer_norm", 12288, torch.float16) == "looped"
     assert tri.choose_variant("layer_norm", 8192, torch.float32) == "looped"
     assert tri.choose_variant("layer_norm", 12288, torch.float32) == "rowwise"
     assert tri.choose_variant("layer_norm", 65536, torch.float32) == split
     # few rows (decode): rowwise, whatever the table says for many
     assert tri.choose_variant("layer_norm", 8192, torch.bfloat16, m=64) == "rowwise"
-    assert tri.choose_variant("layer_norm", 8192, torch.bfloat16, m=DECODE_MAX_ROWS + 1) == "looped"
+    assert tri.choose_variant("rms_norm", 8192, torch.bfloat16, m=64) == "rowwise"
+    assert tri.choose_variant("rms_norm", 8192, torch.bfloat16, m=DECODE_MAX_ROWS + 1) == "looped"
     assert tri.choose_variant("layer_norm", 16384, torch.bfloat16, m=1) == "looped"
     # past either variant's limit: looped, which takes any N
     assert tri.choose_variant("rms_norm", SPLIT_MAX * SPLIT_MAX_BLOCK + 1, torch.float32) == "looped"

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
             r = dict(variant=plan.variant, dtype=plan.dtype, n=plan.n, m=m, threads_per_row=plan.threads_per_row,
                      rows_per_block=plan.rows_per_block, vectors=vectors_per_thread(plan), min_blocks=plan.min_blocks,
                      us=us, gbps=gbps, pct=100 * gbps / ceiling, max_abs_err=err, correct=ok,
-                     rule=plan == kernel.plan_for(dt, plan.n, True, b is not None, plan.vec))
+                     rule=plan == kernel.plan_for(dt, plan.n, True, b is not None, plan.vec, m_given))
             results.append(r)
             print(f"{plan.variant:<14} {plan.dtype:<8} {m:>6}x{plan.n:<6} tpr={plan.threads_per_row:<4} "
                   f"rows={plan.rows_per_block} vpt={r['vectors']:<2} min_blocks={plan.min_blocks!s:<4} "

@@ -57,8 +57,9 @@ class TileLangKernel(NormKernel):
         return None
 
     # -- planning and compiling ----------------------------------------------------------
-    def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int) -> Plan:
-        return make_plan(self.variant, dtype, n, has_weight, has_bias, vec)
+    def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int,
+                 m: int | None = None) -> Plan:
+        return make_plan(self.variant, dtype, n, has_weight, has_bias, vec, m=m)
 
     def prepare(self, spec: NormSpec) -> None:
         """Compile (or load from TileLang's disk cache) the kernel ``spec`` will run, so that no
@@ -68,7 +69,7 @@ class TileLangKernel(NormKernel):
         first call."""
         strides = (spec.row_stride, spec.n) if spec.rows > 1 else ()
         vec = choose_vec(spec.dtype, spec.n, strides)
-        _compile.compile_plan(self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec))
+        _compile.compile_plan(self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec, spec.rows))
 
     def _launch_plan(self, x: torch.Tensor, y: torch.Tensor, *params) -> Plan:
         m, n = x.shape
@@ -76,7 +77,7 @@ class TileLangKernel(NormKernel):
         vec = choose_vec(x.dtype, n, strides, tuple(_align_offset(t) for t in (x, y, *params)))
         assert vec <= max_vec(x.dtype)
         weight, bias = (params + (None, None))[:2]
-        return self.plan_for(x.dtype, n, weight is not None, bias is not None, vec)
+        return self.plan_for(x.dtype, n, weight is not None, bias is not None, vec, m)
 
     @staticmethod
     def _flat(t: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,19 @@ TUNED = {
     ("fragment", 2, 8192): (64, None),
 }
 
+# Few rows (decode, M <= DECODE_MAX_ROWS): the grid cannot fill the GPU, time is latency, and the
+# bandwidth plans above can be slow there (fragment bf16 8192's 64 threads, 2 rows a block: 2.32
+# us at 1 x 8192 against 1.94 us at 128 threads). Threads per row measured fastest at M 1, 8 and
+# 64, N 4096 and 8192 (reports/h200/tilelang-sweep-decode-m.json, 2026-11-29, CUDA-graph replay),
+# where they beat the bandwidth plan; the launch bound is the rule's. A decode plan is a second
+# compilation for that N.
+DECODE_MAX_ROWS = 128
+DECODE_TUNED = {
+    ("fragment", 2, 4096): 128, ("fragment", 2, 8192): 128,
+    ("fragment", 4, 4096): 256, ("fragment", 4, 8192): 256,
+    ("layer_norm_fwd", 2, 8192): 128, ("layer_norm_fwd", 4, 8192): 128,
+}
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -95,10 +108,10 @@ def choose_vec(dtype: torch.dtype, n: int, strides: tuple[int, ...] = (), offset
 
 
 def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
-              threads_per_row: int | None = None, min_blocks: int | None = None) -> Plan:
-    """The plan the kernels run: TUNED's where it has one, else the rules below.
-    ``threads_per_row`` and ``min_blocks`` override both (fragment and layer_norm_fwd only), for
-    tools/tilelang_sweep.py."""
+              threads_per_row: int | None = None, min_blocks: int | None = None, m: int | None = None) -> Plan:
+    """The plan the kernels run for M rows (None: many): DECODE_TUNED's for few rows, else TUNED's
+    where it has one, else the rules below. ``threads_per_row`` and ``min_blocks`` override all
+    (fragment and layer_norm_fwd only), for tools/tilelang_sweep.py."""
     dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
     if variant == "naive_row_per_block":
         # Scalar accesses; one row per block.
@@ -112,7 +125,10 @@ def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, 
         return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, 1, seg)
     if variant in ("fragment", "layer_norm_fwd"):
         dtype = getattr(torch, dt)
-        tuned = TUNED.get((variant, dtype.itemsize, n)) if vec == max_vec(dtype) else None
+        key = (variant, dtype.itemsize, n)
+        widest = vec == max_vec(dtype)
+        decode = DECODE_TUNED.get(key) if widest and m is not None and m <= DECODE_MAX_ROWS else None
+        tuned = (decode, None) if decode else TUNED.get(key) if widest else None
         if tuned and threads_per_row is None and min_blocks is None:
             threads_per_row, min_blocks = tuned
         per_thread = LN_VECTORS if variant == "layer_norm_fwd" and n > LN_SHORT_N else LN_SHORT_VECTORS

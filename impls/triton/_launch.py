@@ -61,6 +61,10 @@ ROWWISE_TUNED = {
     ("layer_norm", 4, 16384): (1, 16),
 }
 
+# Rowwise at one row per program runs the 1-D kernel (rms_norm_row, layer_norm_row), except at
+# these (op, bytes per element, N), where the [1, BLOCK_N] tile kernel measured faster
+# (docs/perf-notes.md, item 26): LayerNorm bf16 5120, 93.2% of copy against 85.1%.
+ROWWISE_KEEP_TILE = {("layer_norm", 2, 5120)}
 # Looped launch settings measured fastest: (op, bytes per element, N) -> (chunk width, rows per
 # program, warps), with N a compile-time constant (9e27a29): 16-bit from
 # reports/h200/triton-sweep-looped-static-n.json (bf16; fp16 the same unless LOOPED_TUNED_FLOAT16 says), float32 from
@@ -98,6 +102,12 @@ LOOPED_TUNED_FLOAT16 = {
     ("layer_norm", 32768): (8192, 1, 32),
 }
 
+# ptxas register caps per thread for the looped kernels (GPU only), where the default measured
+# slower (docs/perf-notes.md, item 27). Nsight Compute showed the bf16 LayerNorm at 262144 at 45
+# registers, one block of 1024 threads per SM (fp16: 32, two blocks; 55 against 68% of copy); at 32
+# it measured 68.4% against 55.2%. fp16 at 65536: 81.7% at a cap of 64 against 74.2% without
+# (bf16 78.5% either way). (op, bytes per element, N) -> registers.
+LOOPED_MAXNREG = {("layer_norm", 2, 65536): 64, ("layer_norm", 2, 262144): 32}
 # Split kernels (a row over SPLITS programs, x read once): at most SPLIT_MAX programs per row
 # (all resident at once, so within the SM count), each holding at most SPLIT_MAX_BLOCK columns.
 # Measured (reports/h200/triton-sweep-split*.json, 2026-11-29): 32 float32 values per thread
@@ -147,6 +157,8 @@ class LaunchConfig:
     rows: int  # rows per program
     num_warps: int
     w_first: bool = False  # rowwise: load weight and bias with x (a latency-bound grid)
+    maxnreg: int | None = None  # a cap on registers per thread for ptxas (compiled kernels only)
+    tile: bool = False  # rowwise at one row per program: the [1, BLOCK_N] tile kernel, not the 1-D one
 
 
 def next_pow2(n: int) -> int:
@@ -177,15 +189,16 @@ def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm"
         tuned = (LOOPED_TUNED_FLOAT16.get((op, key)) if dtype == torch.float16 else None) or \
             LOOPED_TUNED.get((op, dtype.itemsize, key))
         if tuned:
-            return LaunchConfig(*tuned)
+            return LaunchConfig(*tuned, maxnreg=LOOPED_MAXNREG.get((op, dtype.itemsize, n)))
         if block_n > 1024:
             block_n = looped_block(n, dtype.itemsize)
             # float32 LayerNorm: 16 per thread (fewer warps) measured 87% where 8 gave 60% (N=16384).
             per_thread = 2 * LOOPED_PER_THREAD if op == "layer_norm" and dtype.itemsize == 4 else LOOPED_PER_THREAD
             return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * per_thread)))
     tuned = ROWWISE_TUNED.get((op, dtype.itemsize, block_n))
+    tile = (op, dtype.itemsize, n) in ROWWISE_KEEP_TILE
     if tuned:
-        return LaunchConfig(block_n=block_n, rows=tuned[0], num_warps=tuned[1])
+        return LaunchConfig(block_n=block_n, rows=tuned[0], num_warps=tuned[1], tile=tile)
     rows = max(1, min(MAX_ROWS, TILE_ELEMS // block_n))
     return LaunchConfig(block_n=block_n, rows=rows, num_warps=_warps(rows * block_n // (32 * PER_THREAD)))
 
@@ -215,14 +228,15 @@ def looped_block(n: int, itemsize: int) -> int:
 # - RMSNorm: looped (N static, the row as one tile up to 1024) everywhere but 16-bit 4000-4096,
 #   where rowwise led by 1.0-2.6 points, and float32 32768 (rowwise 96.9% against 90.4%);
 #   float32 from 65536: split (89.9% against looped 75.2% at 65536).
-# - LayerNorm 16-bit: rowwise up to 5120 (looped 84-93% there), looped beyond.
+# - LayerNorm 16-bit: rowwise up to 5120 (looped 84-93% there), looped beyond; since the 1-D
+#   one-row kernel (item 26) rowwise also at 8192 (96.5-97.2% against looped's 93.8% in bf16).
 # - LayerNorm float32: looped up to 8192, rowwise 12288-32768 (97.5% against 93.2% at 12288,
 #   86.8% against 78.2% at 32768), split from 65536 (80.4% against 72.9%).
 # "split" falls back to looped where split cannot run (no GPU) or the row is too long for it.
 DISPATCH = {
     ("rms_norm", 2): ((2048, "looped"), (4096, "rowwise"), (None, "looped")),
     ("rms_norm", 4): ((16384, "looped"), (32768, "rowwise"), (None, "split")),
-    ("layer_norm", 2): ((5120, "rowwise"), (None, "looped")),
+    ("layer_norm", 2): ((8192, "rowwise"), (None, "looped")),
     ("layer_norm", 4): ((8192, "looped"), (32768, "rowwise"), (None, "split")),
 }
 
@@ -332,6 +346,8 @@ class TritonKernel(NormKernel):
         fn = getattr(state().kernels, kernel_name)
         kwargs = dict(BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                       ROUND_BF16=state().interpreted and x.dtype == torch.bfloat16, **self._meta(cfg), **meta)
+        if cfg.maxnreg and not state().interpreted:
+            kwargs["maxnreg"] = cfg.maxnreg
         grid = grid or (cdiv(x.shape[0], cfg.rows),)
         if compile_only:
             return fn.warmup(*args, grid=grid, **kwargs)
@@ -343,13 +359,25 @@ class TritonKernel(NormKernel):
 
 class RowwiseKernel(TritonKernel):
     """The rowwise variant: the whole row in one tile, so N is bounded; its kernels take W_FIRST
-    (the decode rule's weight-with-x load)."""
+    (the decode rule's weight-with-x load). At one row per program it runs the 1-D form of its
+    kernel (``_row_kernel_name``: the row's offset a scalar, no row mask), which measured faster
+    at decode sizes (docs/perf-notes.md, item 26)."""
 
     variant = "rowwise"
     max_n = ROWWISE_MAX_N
+    _row_kernel_name: str
+
+    @staticmethod
+    def _one_row(cfg: LaunchConfig) -> bool:
+        return cfg.rows == 1 and not cfg.tile
 
     def _meta(self, cfg: LaunchConfig) -> dict:
-        return {**super()._meta(cfg), "W_FIRST": cfg.w_first}
+        rows = {} if self._one_row(cfg) else super()._meta(cfg)
+        return {**rows, "W_FIRST": cfg.w_first}
+
+    def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
+        name = self._row_kernel_name if self._one_row(cfg) else self._kernel_name
+        self.launch(name, x, cfg, *tensors, *scalars, **meta)
 
 
 class SplitRowsKernel(TritonKernel):

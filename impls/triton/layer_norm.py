@@ -25,6 +25,7 @@ class _TritonLayerNorm(TritonKernel):
 @register
 class TritonLayerNormRowwise(RowwiseKernel, _TritonLayerNorm):
     _kernel_name = "layer_norm_rowwise"
+    _row_kernel_name = "layer_norm_row"
 
 
 @register

@@ -23,6 +23,7 @@ class _TritonRMSNorm(TritonKernel):
 @register
 class TritonRMSNormRowwise(RowwiseKernel, _TritonRMSNorm):
     _kernel_name = "rms_norm_rowwise"
+    _row_kernel_name = "rms_norm_row"
 
 
 @register
