@@ -38,19 +38,20 @@ LOOPED_MIN_N = 4000  # below it one tile holds the row; the looped kernel only a
 
 
 def decode_settings(n: int):
-    """Decode (few rows): one row per program, 4-32 float32 values per thread, the weight loaded
-    with x or after the reduction."""
+    """Decode (few rows): one row per program (the 1-D kernel, as the decode rule runs), 4-32
+    float32 values per thread, the weight loaded with x or after the reduction."""
     block_n = next_pow2(n)
     for per_thread in (4, 8, 16, 32):
         warps = block_n // (32 * per_thread)
         if 1 <= warps <= 32:
             for w_first in (False, True):
-                yield LaunchConfig(block_n=block_n, rows=1, num_warps=warps, w_first=w_first)
+                yield LaunchConfig(block_n=block_n, rows=1, num_warps=warps, w_first=w_first, one_row=True)
 
 
 def settings(variant: str, n: int):
     """Launch settings to try. rowwise: the whole row (padded to a power of two) in one tile, 1-4
-    rows per program, 8-32 float32 values per thread (64 for N >= 32768). looped: chunks of 1024-8192 columns, 1-2
+    rows per program (one row: both the tile and the 1-D kernel), 8-32 float32 values per thread
+    (64 for N >= 32768). looped: chunks of 1024-8192 columns, 1-2
     rows per program, 4, 8 or 16 values per thread (4: what Inductor's looped reductions use).
     split: 1024-16384 columns per program (at most SPLIT_MAX programs a row), 8, 16 or 32 values
     per thread."""
@@ -73,7 +74,8 @@ def settings(variant: str, n: int):
             for per_thread in (8, 16, 32, 64):
                 warps = rows * block_n // (32 * per_thread)
                 if 1 <= warps <= 32 and (per_thread < 64 or block_n >= 32768):
-                    yield LaunchConfig(block_n=block_n, rows=rows, num_warps=warps)
+                    for one_row in (False, True) if rows == 1 else (False,):
+                        yield LaunchConfig(block_n=block_n, rows=rows, num_warps=warps, one_row=one_row)
         return
     for block_n in (1024, 2048, 4096, 8192):
         if block_n > next_pow2(n):
@@ -163,9 +165,9 @@ def main(argv=None) -> int:
         nbytes = timing.bytes_moved(m, n, dt, True, b is not None, len(kernel.outputs) - 1)
         fn = lambda: kernel._forward(x, w, b, 1e-6, out, cfg)  # noqa: E731
         r = dict(op=op, dtype=dtype, n=n, m=m, variant=variant, block_n=cfg.block_n, rows=cfg.rows,
-                 warps=cfg.num_warps, w_first=cfg.w_first)
+                 warps=cfg.num_warps, w_first=cfg.w_first, one_row=cfg.one_row)
         label = (f"{op:<10} {dtype:<8} {m:>6}x{n:<6} {variant:<7} block={cfg.block_n:<5} rows={cfg.rows} "
-                 f"warps={cfg.num_warps:<2}{' w_first' if cfg.w_first else ''}")
+                 f"warps={cfg.num_warps:<2}{' w_first' if cfg.w_first else ''}{' 1-D' if cfg.one_row else ''}")
         try:
             if m_given:  # as the decode benchmarks time: graph replay, L2 warm
                 ms = statistics.median(timing.GraphTimer(fn, tools, clock=timing.KernelClock()).run(20, 3)) * 1e3

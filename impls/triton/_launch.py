@@ -61,10 +61,13 @@ ROWWISE_TUNED = {
     ("layer_norm", 4, 16384): (1, 16),
 }
 
-# Rowwise at one row per program runs the 1-D kernel (rms_norm_row, layer_norm_row), except at
-# these (op, bytes per element, N), where the [1, BLOCK_N] tile kernel measured faster
-# (docs/perf-notes.md, item 26): LayerNorm bf16 5120, 93.2% of copy against 85.1%.
-ROWWISE_KEEP_TILE = {("layer_norm", 2, 5120)}
+# Many rows: the 1-D one-row kernel (rms_norm_row, layer_norm_row) at these (op, bytes per element,
+# N) only, where it measured faster than the [1, BLOCK_N] tile at one row per program (docs/
+# perf-notes.md, item 26): LayerNorm 16-bit 8192 96.5-97.2% against 88.7-89.9%, float32 32768
+# 91.3-95.2% against 87.6%; RMSNorm float32 32768 98.2% against 96.5%. Elsewhere it was slower,
+# by up to 34 points (LayerNorm bf16 16384) and 8 (16-bit 5120): Triton lays the two forms out
+# differently, and which is faster depends on the shape.
+ROWWISE_ONE_ROW = {("layer_norm", 2, 8192), ("layer_norm", 4, 32768), ("rms_norm", 4, 32768)}
 # Looped launch settings measured fastest: (op, bytes per element, N) -> (chunk width, rows per
 # program, warps), with N a compile-time constant (9e27a29): 16-bit from
 # reports/h200/triton-sweep-looped-static-n.json (bf16; fp16 the same unless LOOPED_TUNED_FLOAT16 says), float32 from
@@ -158,7 +161,7 @@ class LaunchConfig:
     num_warps: int
     w_first: bool = False  # rowwise: load weight and bias with x (a latency-bound grid)
     maxnreg: int | None = None  # a cap on registers per thread for ptxas (compiled kernels only)
-    tile: bool = False  # rowwise at one row per program: the [1, BLOCK_N] tile kernel, not the 1-D one
+    one_row: bool = False  # rowwise, one row per program: the 1-D kernel (rms_norm_row, layer_norm_row)
 
 
 def next_pow2(n: int) -> int:
@@ -183,7 +186,7 @@ def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm"
     block_n = next_pow2(n)
     if not looped and m is not None and m <= DECODE_MAX_ROWS and block_n >= DECODE_MIN_BLOCK:
         return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * DECODE_PER_THREAD)),
-                            w_first=True)
+                            w_first=True, one_row=True)
     if looped:
         key = n if block_n > 1024 else block_n  # a one-tile row: by tile width, as ROWWISE_TUNED
         tuned = (LOOPED_TUNED_FLOAT16.get((op, key)) if dtype == torch.float16 else None) or \
@@ -196,11 +199,13 @@ def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm"
             per_thread = 2 * LOOPED_PER_THREAD if op == "layer_norm" and dtype.itemsize == 4 else LOOPED_PER_THREAD
             return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * per_thread)))
     tuned = ROWWISE_TUNED.get((op, dtype.itemsize, block_n))
-    tile = (op, dtype.itemsize, n) in ROWWISE_KEEP_TILE
     if tuned:
-        return LaunchConfig(block_n=block_n, rows=tuned[0], num_warps=tuned[1], tile=tile)
-    rows = max(1, min(MAX_ROWS, TILE_ELEMS // block_n))
-    return LaunchConfig(block_n=block_n, rows=rows, num_warps=_warps(rows * block_n // (32 * PER_THREAD)))
+        rows, warps = tuned
+    else:
+        rows = max(1, min(MAX_ROWS, TILE_ELEMS // block_n))
+        warps = _warps(rows * block_n // (32 * PER_THREAD))
+    one_row = not looped and rows == 1 and (op, dtype.itemsize, n) in ROWWISE_ONE_ROW
+    return LaunchConfig(block_n=block_n, rows=rows, num_warps=warps, one_row=one_row)
 
 
 def _warps(w: int) -> int:
@@ -359,24 +364,20 @@ class TritonKernel(NormKernel):
 
 class RowwiseKernel(TritonKernel):
     """The rowwise variant: the whole row in one tile, so N is bounded; its kernels take W_FIRST
-    (the decode rule's weight-with-x load). At one row per program it runs the 1-D form of its
-    kernel (``_row_kernel_name``: the row's offset a scalar, no row mask), which measured faster
-    at decode sizes (docs/perf-notes.md, item 26)."""
+    (the decode rule's weight-with-x load). Where the launch setting says ``one_row`` (decode, and
+    ROWWISE_ONE_ROW) it runs the 1-D form of its kernel (``_row_kernel_name``: the row's offset a
+    scalar, no row mask, statistics stored before y; docs/perf-notes.md, item 26)."""
 
     variant = "rowwise"
     max_n = ROWWISE_MAX_N
     _row_kernel_name: str
 
-    @staticmethod
-    def _one_row(cfg: LaunchConfig) -> bool:
-        return cfg.rows == 1 and not cfg.tile
-
     def _meta(self, cfg: LaunchConfig) -> dict:
-        rows = {} if self._one_row(cfg) else super()._meta(cfg)
+        rows = {} if cfg.one_row else super()._meta(cfg)
         return {**rows, "W_FIRST": cfg.w_first}
 
     def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
-        name = self._row_kernel_name if self._one_row(cfg) else self._kernel_name
+        name = self._row_kernel_name if cfg.one_row else self._kernel_name
         self.launch(name, x, cfg, *tensors, *scalars, **meta)
 
 
