@@ -4,7 +4,7 @@ Every kernel variant is compiled over representative shapes (padded N, odd N, lo
 the capacity edge, affine and not); each compile's ptxas numbers (registers, shared memory,
 spills) go to the report's "compiled" section. Without a CUDA device nothing here runs a
 kernel: the report says "compiled, not executed" and the differential cases are skipped.
-About 50 specializations: around 2.5 minutes on 2 CPU cores with a cold TileLang cache,
+About 55 specializations: around 2.5 minutes on 2 CPU cores with a cold TileLang cache,
 seconds with a warm one.
 """
 import time
@@ -14,8 +14,8 @@ import torch
 
 from impls.base import cuda_present, dtype_name
 
-# (variant, dtype, N, affine): affine is "weight" / "none" for RMSNorm, "weight_bias" / "weight" /
-# "none" for LayerNorm.
+# (variant, dtype, N, affine, M): affine is "weight" / "none" for RMSNorm, "weight_bias" / "weight" /
+# "none" for LayerNorm; M None (many rows) except for the decode plans (few rows, DECODE_TUNED).
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 VARIANTS = ("naive_row_per_block", "fragment", "splitk", "layer_norm_fwd")
 
@@ -24,7 +24,9 @@ def _full(variant: str) -> str:
     return "weight_bias" if variant == "layer_norm_fwd" else "weight"
 
 
-def _shapes() -> list[tuple[str, torch.dtype, int, str]]:
+def _shapes() -> list[tuple[str, torch.dtype, int, str, int | None]]:
+    from impls.tilelang._plan import DECODE_TUNED
+
     shapes = []
     for v in VARIANTS:
         for dt in DTYPES:
@@ -37,6 +39,9 @@ def _shapes() -> list[tuple[str, torch.dtype, int, str]]:
     for v in ("fragment", "layer_norm_fwd"):  # the register-capacity edge
         shapes.append((v, torch.bfloat16, 32768, _full(v)))
     shapes.append(("layer_norm_fwd", torch.bfloat16, 4000, "weight"))
+    shapes = [s + (None,) for s in shapes]
+    for variant, itemsize, n in DECODE_TUNED:
+        shapes.append((variant, torch.bfloat16 if itemsize == 2 else torch.float32, n, _full(variant), 1))
     return shapes
 
 
@@ -48,9 +53,10 @@ def _tilelang_selected(state) -> bool:
 
 
 @pytest.mark.parametrize(
-    "variant,dtype,n,affine", SHAPES, ids=[f"{v}-{dtype_name(d)}-{n}-{a}" for v, d, n, a in SHAPES]
+    "variant,dtype,n,affine,m", SHAPES,
+    ids=[f"{v}-{dtype_name(d)}-{n}-{a}" + ("-decode" if m else "") for v, d, n, a, m in SHAPES]
 )
-def test_compiles_for_sm90(variant, dtype, n, affine, harness_state):
+def test_compiles_for_sm90(variant, dtype, n, affine, m, harness_state):
     if not _tilelang_selected(harness_state):
         pytest.skip("the tilelang backend is not selected (--backend)")
     from impls.tilelang import _compile
@@ -61,7 +67,7 @@ def test_compiles_for_sm90(variant, dtype, n, affine, harness_state):
         pytest.skip(why)
     if _compile.nvcc_path() is None:
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
-    plan = make_plan(variant, dtype, n, affine != "none", affine == "weight_bias", choose_vec(dtype, n))
+    plan = make_plan(variant, dtype, n, affine != "none", affine == "weight_bias", choose_vec(dtype, n), m=m)
     t0 = time.perf_counter()
     compiled = _compile.compile_plan(plan, _compile.SM90)
     seconds = time.perf_counter() - t0

@@ -60,6 +60,25 @@ def test_import_is_cheap_and_does_not_import_tilelang():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+def test_few_rows_get_the_decode_plan_and_many_rows_the_bandwidth_plan():
+    from impls.tilelang._plan import DECODE_MAX_ROWS, DECODE_TUNED
+
+    for (variant, itemsize, n), threads in DECODE_TUNED.items():
+        dtype = torch.bfloat16 if itemsize == 2 else torch.float32
+        vec, bias = choose_vec(dtype, n), variant == "layer_norm_fwd"
+        few = make_plan(variant, dtype, n, True, bias, vec, m=1)
+        assert few.threads_per_row == threads and few.rows_per_block == 1
+        assert make_plan(variant, dtype, n, True, bias, vec, m=DECODE_MAX_ROWS) == few
+        many = make_plan(variant, dtype, n, True, bias, vec, m=DECODE_MAX_ROWS + 1)
+        assert many == make_plan(variant, dtype, n, True, bias, vec)  # M unknown: the bandwidth plan
+    # the kernel plans with its rows: 1 x 8192 bf16 gets the decode plan, 16384 x 8192 the other
+    kernel = _kernel("rms_norm", "fragment")
+    x1, y1 = torch.empty(1, 8192, dtype=torch.bfloat16), torch.empty(1, 8192, dtype=torch.bfloat16)
+    assert kernel._launch_plan(x1, y1, None).threads_per_row == DECODE_TUNED[("fragment", 2, 8192)]
+    xm = torch.empty(DECODE_MAX_ROWS + 1, 8192, dtype=torch.bfloat16)
+    assert kernel._launch_plan(xm, xm, None) == make_plan("fragment", torch.bfloat16, 8192, False, False, 8)
+
+
 def test_rows_beyond_register_capacity_are_refused_with_the_kernel_that_takes_them():
     why = _kernel("rms_norm", "fragment").unsupported(_spec(n=100000))
     assert why == "N=100000 exceeds tilelang.fragment's register capacity (max 32768); tilelang.splitk covers it"

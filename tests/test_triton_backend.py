@@ -6,9 +6,9 @@ import torch
 import impls.triton as tri
 from impls.base import UnsupportedCase
 from impls.reference import reference
-from impls.triton._launch import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, LOOPED_TUNED, LOOPED_TUNED_FLOAT16, SPLIT_MAX,
-                                  SPLIT_MAX_BLOCK, LaunchConfig, launch_config, looped_block, next_pow2,
-                                  split_config)
+from impls.triton._launch import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, LOOPED_MAXNREG, LOOPED_TUNED, LOOPED_TUNED_FLOAT16,
+                                  ROWWISE_ONE_ROW, SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig, launch_config,
+                                  looped_block, next_pow2, split_config)
 
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,6 +65,60 @@ def test_weight_first_changes_the_order_of_loads_not_the_result(op):
         assert torch.equal(getattr(outs[0], name), getattr(outs[1], name)), name
 
 
+def test_one_row_kernel_runs_at_decode_and_where_it_measured_faster_only():
+    for op in ("rms_norm", "layer_norm"):
+        for dtype in (torch.bfloat16, torch.float32):
+            assert launch_config(4096, dtype, False, op, m=64).one_row  # decode
+    for op, itemsize, n in ROWWISE_ONE_ROW:
+        dtype = torch.bfloat16 if itemsize == 2 else torch.float32
+        cfg = launch_config(n, dtype, False, op, m=16384)
+        assert cfg.one_row and cfg.rows == 1
+        assert not launch_config(n, dtype, True, op, m=16384).one_row  # looped: never
+    # slower there (the 9f51201 benchmark): the [1, BLOCK_N] tile kernel
+    assert not launch_config(16384, torch.bfloat16, False, "layer_norm", m=16384).one_row
+    assert not launch_config(5120, torch.float16, False, "layer_norm", m=16384).one_row
+    assert not launch_config(1000, torch.bfloat16, False, "layer_norm", m=16384).one_row  # 2 rows a program
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("w_first", [False, True])
+def test_one_row_kernel_agrees_with_the_tile_kernel(op, dtype, w_first):
+    """The 1-D kernel (one row per program) computes what the [1, BLOCK_N] tile kernel computes,
+    on strided rows whose length is not the tile's."""
+    from impls import registry
+
+    kernel = registry.get(op, "triton", "rowwise")
+    x = (torch.randn(5, 1200, device=DEVICE, dtype=dtype) * 2 + 3)[:, 100:1100]  # row stride 1200
+    w, b = torch.randn(1000, device=DEVICE, dtype=dtype), torch.randn(1000, device=DEVICE, dtype=dtype)
+    bias = b if op == "layer_norm" else None
+    outs = []
+    for one_row in (False, True):
+        out = kernel.allocate(x)
+        kernel._forward(x, w, bias, 1e-6, out,
+                        LaunchConfig(block_n=1024, rows=1, num_warps=4, w_first=w_first, one_row=one_row))
+        outs.append(out)
+    for name in kernel.outputs:
+        torch.testing.assert_close(getattr(outs[1], name), getattr(outs[0], name), msg=name)
+    ref = reference(op, x, w, bias, 1e-6)
+    torch.testing.assert_close(outs[1].y.double(), ref.y, atol=0.05 if dtype != torch.float32 else 1e-5, rtol=0.02)
+
+
+def test_register_caps_are_set_where_measured_and_dropped_under_the_interpreter():
+    for (op, itemsize, n), regs in LOOPED_MAXNREG.items():
+        for dtype in (torch.bfloat16, torch.float16):
+            assert launch_config(n, dtype, True, op).maxnreg == regs
+        assert launch_config(n, torch.float32, True, op).maxnreg is None
+    from impls import registry
+
+    kernel = registry.get("layer_norm", "triton", "looped")
+    x = torch.randn(2, 3000, device=DEVICE) + 5
+    w, b = torch.randn(3000, device=DEVICE), torch.randn(3000, device=DEVICE)
+    out = kernel.allocate(x)
+    kernel._forward(x, w, b, 1e-5, out, LaunchConfig(block_n=1024, rows=1, num_warps=4, maxnreg=32))
+    torch.testing.assert_close(out.y.double(), reference("layer_norm", x, w, b, 1e-5).y, atol=1e-5, rtol=1e-5)
+
+
 def test_looped_chunks_cover_non_power_of_two_rows_with_little_padding():
     """5120 = 5 x 1024 and 12288 = 3 x 4096 (or 6 x 2048) columns: no chunk of mostly masked lanes."""
     for n in (5120, 12288, 20480, 3 * 8192):
@@ -79,6 +133,8 @@ def test_variant_is_chosen_by_op_n_and_dtype():
     assert tri.choose_variant("rms_norm", 4097, torch.float16) == "looped"
     assert tri.choose_variant("rms_norm", 32768, torch.float32) == "rowwise"
     assert tri.choose_variant("rms_norm", 65536, torch.float32) == split
+    assert tri.choose_variant("layer_norm", 1024, torch.bfloat16) == "looped"
+    assert tri.choose_variant("layer_norm", 2048, torch.bfloat16) == "rowwise"
     assert tri.choose_variant("layer_norm", 5120, torch.bfloat16) == "rowwise"
     assert tri.choose_variant("layer_norm", 8192, torch.float16) == "rowwise"
     assert tri.choose_variant("layer_norm", 12288, torch.float16) == "looped"

@@ -235,13 +235,14 @@ def looped_block(n: int, itemsize: int) -> int:
 #   float32 from 65536: split (89.9% against looped 75.2% at 65536).
 # - LayerNorm 16-bit: rowwise up to 5120 (looped 84-93% there), looped beyond; since the 1-D
 #   one-row kernel (item 26) rowwise also at 8192 (96.5-97.2% against looped's 93.8% in bf16).
+#   At N <= 1024 looped (one tile, its own setting: 98.2-98.3% against 97.0-97.2% at 9f51201).
 # - LayerNorm float32: looped up to 8192, rowwise 12288-32768 (97.5% against 93.2% at 12288,
 #   86.8% against 78.2% at 32768), split from 65536 (80.4% against 72.9%).
 # "split" falls back to looped where split cannot run (no GPU) or the row is too long for it.
 DISPATCH = {
     ("rms_norm", 2): ((2048, "looped"), (4096, "rowwise"), (None, "looped")),
     ("rms_norm", 4): ((16384, "looped"), (32768, "rowwise"), (None, "split")),
-    ("layer_norm", 2): ((8192, "rowwise"), (None, "looped")),
+    ("layer_norm", 2): ((1024, "looped"), (8192, "rowwise"), (None, "looped")),
     ("layer_norm", 4): ((8192, "looped"), (32768, "rowwise"), (None, "split")),
 }
 
