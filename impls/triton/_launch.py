@@ -63,10 +63,12 @@ ROWWISE_TUNED = {
 
 # Many rows: the 1-D one-row kernel (rms_norm_row, layer_norm_row) at these (op, bytes per element,
 # N) only, where it measured faster than the [1, BLOCK_N] tile at one row per program (docs/
-# perf-notes.md, item 26): LayerNorm 16-bit 8192 96.5-97.2% against 88.7-89.9%, float32 32768
-# 91.3-95.2% against 87.6%; RMSNorm float32 32768 98.2% against 96.5%. Elsewhere it was slower,
-# by up to 34 points (LayerNorm bf16 16384) and 8 (16-bit 5120): Triton lays the two forms out
-# differently, and which is faster depends on the shape.
+# perf-notes.md, items 26 and 31): LayerNorm 16-bit 8192 96.5-97.2% against 88.7-89.9%, float32
+# 32768 91.3-95.2% against 87.6%; RMSNorm float32 32768 98.2% against 96.5%. Elsewhere it was
+# slower, by up to 34 points (LayerNorm bf16 16384). What decides is registers: ptxas gives the
+# two forms different counts, and where one crosses a step of blocks per SM the other is faster
+# (bf16 16384: 1-D 82 registers, one block of 512 threads; tile 64, two). tools/triton_resources.py
+# prints both forms' counts without a GPU.
 ROWWISE_ONE_ROW = {("layer_norm", 2, 8192), ("layer_norm", 4, 32768), ("rms_norm", 4, 32768)}
 # Looped launch settings measured fastest: (op, bytes per element, N) -> (chunk width, rows per
 # program, warps), with N a compile-time constant (9e27a29): 16-bit from
@@ -345,15 +347,20 @@ class TritonKernel(NormKernel):
         (M, N, strides, eps), as both ops' kernels take them."""
         self.launch(self._kernel_name, x, cfg, *tensors, *scalars, **meta)
 
+    def launch_kwargs(self, x: torch.Tensor, cfg: LaunchConfig, **meta) -> dict:
+        """The keyword arguments of a launch: compile-time arguments and compile options."""
+        kwargs = dict(BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                      ROUND_BF16=state().interpreted and x.dtype == torch.bfloat16, **self._meta(cfg), **meta)
+        if cfg.maxnreg and not state().interpreted:
+            kwargs["maxnreg"] = cfg.maxnreg
+        return kwargs
+
     def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, grid=None, compile_only=False,
                **meta):
         """Run the kernel on x's device over ``grid``, by default one program per cfg.rows rows.
         Returns the kernel as Triton compiled it (compile_only: without running it)."""
         fn = getattr(state().kernels, kernel_name)
-        kwargs = dict(BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                      ROUND_BF16=state().interpreted and x.dtype == torch.bfloat16, **self._meta(cfg), **meta)
-        if cfg.maxnreg and not state().interpreted:
-            kwargs["maxnreg"] = cfg.maxnreg
+        kwargs = self.launch_kwargs(x, cfg, **meta)
         grid = grid or (cdiv(x.shape[0], cfg.rows),)
         if compile_only:
             return fn.warmup(*args, grid=grid, **kwargs)

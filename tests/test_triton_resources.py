@@ -1,0 +1,52 @@
+"""tools/triton_resources.py: the Triton kernels' registers and blocks per SM, compiled for sm_90
+without a GPU. It runs as its own process (a pytest process may hold the interpreter's kernels,
+which cannot be compiled). The register counts are Triton 3.6.0's (the pinned version); a newer
+Triton may allocate differently, and then ROWWISE_ONE_ROW wants measuring again."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import triton_resources  # noqa: E402
+
+
+def test_blocks_per_sm_counts_registers_in_eights():
+    assert triton_resources.blocks_per_sm(64, 512) == 2
+    assert triton_resources.blocks_per_sm(65, 512) == 1  # 72 allocated: 36864 of 65536 a block
+    assert triton_resources.blocks_per_sm(32, 1024) == 2
+    assert triton_resources.blocks_per_sm(34, 1024) == 1
+    assert triton_resources.blocks_per_sm(16, 128) == 16  # the thread limit, 2048 an SM
+
+
+def _run(tmp_path, *args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "r.json"
+    subprocess.run([sys.executable, str(ROOT / "tools" / "triton_resources.py"), *args, "--json", str(out)],
+                   check=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return json.loads(out.read_text())
+
+
+def test_the_rowwise_form_chosen_holds_the_most_blocks_where_it_was_measured(tmp_path):
+    """LayerNorm bf16: at 16384 the 1-D form takes more registers (one block of 512 threads a
+    SM, 58.9% of copy against 92.7%), at 8192 the tile form does (three blocks of 256 against
+    four, 88.8% against 96.8%); the launcher runs the form with more blocks at both."""
+    rows = _run(tmp_path, "--op", "layer_norm", "--dtype", "bfloat16", "--ns", "8192,16384", "--forms")
+    for n, chosen_kernel in ((8192, "layer_norm_row"), (16384, "layer_norm_rowwise")):
+        chosen, other = (next(r for r in rows if r["n"] == n and r["chosen"] == c) for c in (True, False))
+        assert chosen["kernel"] == chosen_kernel
+        assert chosen["blocks_per_sm"] > other["blocks_per_sm"], (chosen, other)
+        assert chosen["stack"] == 0 and 0 < chosen["registers"] <= 255
+
+
+def test_the_interpreter_is_refused_with_the_reason():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "triton_resources.py")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "TRITON_INTERPRET=1" in r.stderr

@@ -1,0 +1,166 @@
+"""Registers, spill stack and blocks per SM of the Triton kernels as the launcher runs them,
+compiled for sm_90 on any machine, GPU or not (Triton's own ptxas and cuobjdump).
+
+With one row per program the grid is wide and the time is set by how many programs an SM holds,
+which ptxas decides: two registers over a step halve it. At LayerNorm bf16 16384 the 1-D form
+took 82 registers (one block of 512 threads per SM) where the tile form took 64 (two), and
+measured 58.9% of copy against 92.7%; a cap of 64 registers gave it 92.7% back
+(docs/perf-notes.md, item 31). Read this before timing a launch setting.
+
+    python tools/triton_resources.py --op layer_norm --dtype bfloat16 --ns 8192,16384
+    python tools/triton_resources.py --op rms_norm --dtype float32 --ns 12288 --forms
+
+Rows: M only picks the launch rule (decode at M <= 128); up to 256 rows are allocated (on the
+CPU, never touched). The split variant is left out: its launcher asks the GPU how many programs
+fit. ``--forms`` also compiles the other rowwise form (1-D / tile) of each one-row setting.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+SM90 = ("cuda", 90, 32)
+SM_REGISTERS, SM_THREADS = 65536, 2048
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclasses.dataclass
+class Resources:
+    kernel: str
+    config: object
+    registers: int
+    stack: int  # bytes of local memory per thread: spills
+    blocks_per_sm: int
+
+
+def _tool(name: str) -> str:
+    import triton.backends.nvidia as nvidia
+
+    return os.path.join(os.path.dirname(nvidia.__file__), "bin", name)
+
+
+def blocks_per_sm(registers: int, threads: int) -> int:
+    """Blocks of ``threads`` one SM holds at ``registers`` a thread (allocated 8 at a time)."""
+    return min(SM_THREADS // threads, SM_REGISTERS // (-(-registers // 8) * 8 * threads))
+
+
+def compile_sm90(fn, args: tuple, kwargs: dict):
+    """Compile a @triton.jit function for sm_90 with the signature and the 16-byte specialisation
+    Triton would give these arguments at run time."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    options = {k: kwargs[k] for k in ("num_warps", "maxnreg") if k in kwargs}
+    sig, consts, attrs = {}, {}, {}
+    positional = iter(args)
+    for i, param in enumerate(fn.params):
+        v = kwargs[param.name] if param.name in kwargs else next(positional)
+        if param.is_constexpr:
+            sig[param.name], consts[param.name] = "constexpr", v
+            continue
+        if isinstance(v, torch.Tensor):
+            sig[param.name] = "*" + TYPES[v.dtype]
+            aligned = v.data_ptr() % 16 == 0
+        elif isinstance(v, float):
+            sig[param.name], aligned = "fp32", False
+        else:
+            sig[param.name] = "i32" if -2**31 <= v < 2**31 else "i64"
+            aligned = v % 16 == 0
+        if aligned:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget(*SM90), options=options)
+
+
+def resources(op: str, variant: str, dtype: torch.dtype, n: int, m: int = 16384, cfg=None) -> Resources:
+    """Compile what ``variant`` launches for M x N rows of ``dtype`` (its own launch setting, or
+    ``cfg``) and read its resource usage. In a process whose impls.triton runs the interpreter
+    this cannot compile: import triton before impls (main does)."""
+    from impls import registry
+    from impls.triton import _launch
+
+    if variant == "split":
+        raise ValueError("the split variant's launch needs a GPU (it counts resident programs)")
+    kernel = registry.get(op, "triton", variant)
+    rows = m if m <= 256 else 256
+    x = torch.empty(rows, n, dtype=dtype)
+    w = torch.empty(n, dtype=dtype)
+    b = torch.empty(n, dtype=dtype) if op == "layer_norm" else None
+    cfg = cfg or kernel.config(n, dtype, m)
+    launches = []
+
+    def record(self, kernel_name, x, cfg, *args, grid=None, compile_only=False, **meta):
+        launches.append((kernel_name, args, self.launch_kwargs(x, cfg, **meta), cfg))
+
+    saved = _launch.TritonKernel.launch
+    _launch.TritonKernel.launch = record
+    try:
+        kernel._forward(x, w, b, 1e-6, kernel.allocate(x), cfg)
+    finally:
+        _launch.TritonKernel.launch = saved
+    (name, args, kwargs, cfg), = launches
+    if cfg.maxnreg:  # launch_kwargs drops the cap under the interpreter; compiling, keep it
+        kwargs["maxnreg"] = cfg.maxnreg
+    compiled = compile_sm90(getattr(_launch.state().kernels, name), args, kwargs)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([_tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True,
+                               check=True).stdout
+    regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    stack = int(re.search(r"STACK:(\d+)", usage).group(1))
+    return Resources(name, cfg, regs, stack, blocks_per_sm(regs, 32 * cfg.num_warps))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--op", default="layer_norm", choices=("rms_norm", "layer_norm"))
+    p.add_argument("--variant", default="rowwise", choices=("rowwise", "looped"))
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--ns", default="4096,8192,16384")
+    p.add_argument("--m", type=int, default=16384)
+    p.add_argument("--forms", action="store_true", help="rowwise at one row per program: both forms")
+    p.add_argument("--json", help="also write the rows here")
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        p.error("TRITON_INTERPRET=1: the interpreter's kernels cannot be compiled; unset it")
+    # triton before impls.triton: on a machine without a GPU that package would otherwise choose
+    # Triton's interpreter, whose kernels cannot be compiled.
+    importlib.import_module("triton")
+    rows = []
+    dtype = getattr(torch, args.dtype)
+    print(f"{'op':<10} {'dtype':<8} {'N':>6} {'kernel':<20} {'block':>6} {'rows':>4} {'warps':>5} {'cap':>4} "
+          f"{'regs':>4} {'stack':>5} {'blocks/SM':>9}")
+    for n in (int(v) for v in args.ns.split(",")):
+        r = resources(args.op, args.variant, dtype, n, args.m)
+        found = [r]
+        if args.forms and args.variant == "rowwise" and r.config.rows == 1:
+            other = dataclasses.replace(r.config, one_row=not r.config.one_row)
+            found.append(resources(args.op, args.variant, dtype, n, args.m, other))
+        for i, x in enumerate(found):
+            c = x.config
+            rows.append(dict(op=args.op, dtype=args.dtype, n=n, kernel=x.kernel, block_n=c.block_n, rows=c.rows,
+                             warps=c.num_warps, maxnreg=c.maxnreg, one_row=c.one_row, chosen=i == 0,
+                             registers=x.registers, stack=x.stack, blocks_per_sm=x.blocks_per_sm))
+            print(f"{args.op:<10} {args.dtype:<8} {n:>6} {x.kernel:<20} {c.block_n:>6} {c.rows:>4} {c.num_warps:>5} "
+                  f"{c.maxnreg or '-':>4} {x.registers:>4} {x.stack:>5} {x.blocks_per_sm:>9}"
+                  + ("" if i == 0 else "   (the other form)"), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
