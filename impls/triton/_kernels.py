@@ -5,6 +5,7 @@ Loads are masked (rows >= M, columns >= N) with 0 as the fill, and every sum ove
 sees 0 in padded lanes, so statistics divide by N, never by the padded width. Accumulation
 and statistics are float32; y is stored in x's dtype. Row offsets are 64-bit.
 
+The rowwise kernels have a 1-D form for one row per program (rms_norm_row, layer_norm_row).
 The looped, split and LayerNorm rowwise kernels take N as a compile-time constant (one
 compilation per N, as the TileLang kernels have it): the chunk count is then known, which
 measured 81% -> 100% of copy for RMSNorm bf16 at N = 12288 (docs/perf-notes.md, item 15). It
@@ -68,8 +69,8 @@ def rms_norm_row(
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, W_FIRST: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     """rms_norm_rowwise at one row per program (the grid is M): 1-D, the row's offset a scalar and
-    no row mask. Same arithmetic; 0.05-0.13 us faster than the [1, BLOCK_N] tile at decode sizes
-    (docs/perf-notes.md, item 26)."""
+    no row mask, the same arithmetic. The launcher runs it at decode sizes and where its register
+    count gives more blocks per SM than the tile's (docs/perf-notes.md, items 26 and 31)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -77,7 +78,7 @@ def rms_norm_row(
         w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
     x = tl.load(X + row * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-    tl.store(RSTD + row, rstd)  # before y: ~0.1 us sooner done at decode sizes (item 26)
+    tl.store(RSTD + row, rstd)  # before y: up to 0.15 us sooner done at decode sizes (item 26)
     y = x * rstd
     if HAS_WEIGHT:
         if not W_FIRST:

@@ -111,7 +111,9 @@ LOOPED_TUNED_FLOAT16 = {
 # slower (docs/perf-notes.md, item 27). Nsight Compute showed the bf16 LayerNorm at 262144 at 45
 # registers, one block of 1024 threads per SM (fp16: 32, two blocks; 55 against 68% of copy); at 32
 # it measured 68.4% against 55.2%. fp16 at 65536: 81.7% at a cap of 64 against 74.2% without
-# (bf16 78.5% either way). (op, bytes per element, N) -> registers.
+# (bf16 78.5% either way); there the cap raises its registers from 32 to 64, one block per SM
+# instead of two (tools/triton_resources.py), why faster is not established. (op, bytes per
+# element, N) -> registers.
 LOOPED_MAXNREG = {("layer_norm", 2, 65536): 64, ("layer_norm", 2, 262144): 32}
 # Split kernels (a row over SPLITS programs, x read once): at most SPLIT_MAX programs per row
 # (all resident at once, so within the SM count), each holding at most SPLIT_MAX_BLOCK columns.
