@@ -1,5 +1,6 @@
 """Launch plans of the TileLang kernels: threads, rows per block, vector width and padding,
-from (variant, dtype, N, affine flags, vector width) alone. Plain Python: no tilelang import.
+from (variant, dtype, N, affine flags, vector width), and for few rows M (DECODE_TUNED). Plain
+Python: no tilelang import.
 
 One plan is one compilation (the key of both caches); M and the row strides are runtime values.
 """
