@@ -12,17 +12,18 @@ import pytest
 
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import triton_resources  # noqa: E402
 
 
 def test_blocks_per_sm_counts_registers_in_eights():
-    assert triton_resources.blocks_per_sm(64, 512) == 2
-    assert triton_resources.blocks_per_sm(65, 512) == 1  # 72 allocated: 36864 of 65536 a block
-    assert triton_resources.blocks_per_sm(32, 1024) == 2
-    assert triton_resources.blocks_per_sm(34, 1024) == 1
-    assert triton_resources.blocks_per_sm(16, 128) == 16  # the thread limit, 2048 an SM
+    from impls.triton._launch import blocks_per_sm
+
+    assert blocks_per_sm(64, 16) == 2
+    assert blocks_per_sm(65, 16) == 1  # 72 allocated: 36864 of 65536 a block of 512 threads
+    assert blocks_per_sm(32, 32) == 2
+    assert blocks_per_sm(34, 32) == 1
+    assert blocks_per_sm(16, 4) == 16  # the thread limit, 2048 an SM
+    assert blocks_per_sm(16, 1) == 32  # at most 32 a SM
+    assert blocks_per_sm(32, 4, shared=100 * 1024) == 2  # shared memory
 
 
 def _run(tmp_path, *args):

@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 SM90 = ("cuda", 90, 32)
-SM_REGISTERS, SM_THREADS = 65536, 2048
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -49,11 +48,6 @@ def _tool(name: str) -> str:
     import triton.backends.nvidia as nvidia
 
     return os.path.join(os.path.dirname(nvidia.__file__), "bin", name)
-
-
-def blocks_per_sm(registers: int, threads: int) -> int:
-    """Blocks of ``threads`` one SM holds at ``registers`` a thread (allocated 8 at a time)."""
-    return min(SM_THREADS // threads, SM_REGISTERS // (-(-registers // 8) * 8 * threads))
 
 
 def compile_sm90(fn, args: tuple, kwargs: dict):
@@ -121,7 +115,7 @@ def resources(op: str, variant: str, dtype: torch.dtype, n: int, m: int = 16384,
                                check=True).stdout
     regs = int(re.search(r"REG:(\d+)", usage).group(1))
     stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-    return Resources(name, cfg, regs, stack, blocks_per_sm(regs, 32 * cfg.num_warps))
+    return Resources(name, cfg, regs, stack, _launch.blocks_per_sm(regs, cfg.num_warps, compiled.metadata.shared))
 
 
 def main(argv=None) -> int:

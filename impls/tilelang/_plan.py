@@ -127,10 +127,11 @@ def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, 
     if variant in ("fragment", "layer_norm_fwd"):
         dtype = getattr(torch, dt)
         key = (variant, dtype.itemsize, n)
-        widest = vec == max_vec(dtype)
-        decode = DECODE_TUNED.get(key) if widest and m is not None and m <= DECODE_MAX_ROWS else None
-        tuned = (decode, None) if decode else TUNED.get(key) if widest else None
-        if tuned and threads_per_row is None and min_blocks is None:
+        tuned = None
+        if vec == max_vec(dtype) and threads_per_row is None and min_blocks is None:  # the tables: widest vector
+            decode = DECODE_TUNED.get(key) if m is not None and m <= DECODE_MAX_ROWS else None
+            tuned = (decode, None) if decode else TUNED.get(key)
+        if tuned:
             threads_per_row, min_blocks = tuned
         per_thread = LN_VECTORS if variant == "layer_norm_fwd" and n > LN_SHORT_N else LN_SHORT_VECTORS
         vectors = -(-n // vec)

@@ -195,13 +195,14 @@ def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm"
         key = n if block_n > 1024 else block_n  # a one-tile row: by tile width, as ROWWISE_TUNED
         tuned = (LOOPED_TUNED_FLOAT16.get((op, key)) if dtype == torch.float16 else None) or \
             LOOPED_TUNED.get((op, dtype.itemsize, key))
+        cap = LOOPED_MAXNREG.get((op, dtype.itemsize, n))
         if tuned:
-            return LaunchConfig(*tuned, maxnreg=LOOPED_MAXNREG.get((op, dtype.itemsize, n)))
+            return LaunchConfig(*tuned, maxnreg=cap)
         if block_n > 1024:
             block_n = looped_block(n, dtype.itemsize)
             # float32 LayerNorm: 16 per thread (fewer warps) measured 87% where 8 gave 60% (N=16384).
             per_thread = 2 * LOOPED_PER_THREAD if op == "layer_norm" and dtype.itemsize == 4 else LOOPED_PER_THREAD
-            return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * per_thread)))
+            return LaunchConfig(block_n=block_n, rows=1, num_warps=_warps(block_n // (32 * per_thread)), maxnreg=cap)
     tuned = ROWWISE_TUNED.get((op, dtype.itemsize, block_n))
     if tuned:
         rows, warps = tuned
@@ -465,18 +466,30 @@ def _split_workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return _WORKSPACE[key]
 
 
+# What one SM holds on sm_90 (H100, H200): registers, threads, shared memory in bytes.
+SM_REGISTERS, SM_THREADS, SM_SHARED = 65536, 2048, 233472
+
+
+def blocks_per_sm(registers: int, warps: int, shared: int = 0, sm_registers: int = SM_REGISTERS,
+                  sm_threads: int = SM_THREADS, sm_shared: int = SM_SHARED) -> int:
+    """How many programs (blocks) of ``warps`` warps one SM holds at once, at ``registers`` a
+    thread and ``shared`` bytes of shared memory a block; at least 1, at most 32."""
+    regs_per_warp = -(-max(registers, 1) * 32 // 256) * 256  # allocated in units of 256
+    by_regs = sm_registers // regs_per_warp // warps
+    by_threads = sm_threads // (32 * warps)
+    by_shared = sm_shared // (shared + 1024)  # the driver reserves 1 KiB per block
+    return max(1, min(32, by_regs, by_threads, by_shared))
+
+
 def programs_per_sm(compiled, device: torch.device) -> int:
-    """How many programs of a compiled Triton kernel one SM holds at once (at least 1)."""
+    """How many programs of a compiled Triton kernel one SM of ``device`` holds at once."""
     if hasattr(compiled, "_init_handles"):
         compiled._init_handles()
     props = torch.cuda.get_device_properties(device)
-    warps = compiled.metadata.num_warps
-    regs_per_warp = -(-max(compiled.n_regs, 1) * 32 // 256) * 256  # allocated in units of 256
-    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // regs_per_warp // warps
-    by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
-    shared = compiled.metadata.shared + 1024  # the driver reserves 1 KiB per block
-    by_shared = getattr(props, "shared_memory_per_multiprocessor", 233472) // shared
-    return max(1, min(32, by_regs, by_threads, by_shared))
+    return blocks_per_sm(compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared,
+                         getattr(props, "regs_per_multiprocessor", SM_REGISTERS),
+                         getattr(props, "max_threads_per_multi_processor", SM_THREADS),
+                         getattr(props, "shared_memory_per_multiprocessor", SM_SHARED))
 
 
 def cdiv(a: int, b: int) -> int:
