@@ -5,6 +5,7 @@ branches on backend names: it asks the registry for kernels and each kernel for 
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shlex
@@ -17,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import compare
+from harness import compare, isolation
 from harness.cases import DTYPES, Case, catalogue
-from harness.runner import CheckResult, OracleCache
+from harness.report import add_agreement_cell
+from harness.runner import CheckResult, OracleCache, device_for
 from impls import registry
 from impls.base import OPS, NormKernel
 
@@ -46,6 +48,19 @@ def pytest_addoption(parser):
     )
     group.addoption("--report-dir", default=None, help="where correctness.md/.json go (default: reports/)")
     group.addoption("--no-report", action="store_true", help="do not write the correctness report")
+    isolation.addoption(group)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    isolation.plan_workers(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if getattr(config, "_normdiff_schedule", False):
+        return isolation.CaseScheduling(config, log, config.stash[STATE])
+    return None
 
 
 @dataclass
@@ -61,16 +76,39 @@ class HarnessState:
     # Kernels compiled without being run (compile-only checks), for the report's compiled section.
     compiled: list[dict] = field(default_factory=list)
     config: pytest.Config | None = None
+    # nodeid -> {kind, detail, ...} for checks whose worker died (the controller's record)
+    crashes: dict[str, dict] = field(default_factory=dict)
+    collected: bool = False  # records hold the whole collection (this process's, or a worker's)
+    watch: isolation.CallWatch | None = None
+    controller: isolation.Controller | None = None
+    session: pytest.Session | None = None
     _last_case: str | None = None
     _last_outputs: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     _last_write: float = field(default_factory=time.time)
 
+    @property
+    def case_index(self) -> dict[str, Case]:
+        return {c.id: c for c in self.cases}
+
+    @property
+    def kernel_index(self) -> dict[tuple[str, str], NormKernel]:
+        return {(k.name, k.op): k for k in self.kernels}
+
+    @staticmethod
+    def device_for(kernel: NormKernel) -> str:
+        return device_for(kernel)
+
+    def adopt_collection(self, records: dict[str, dict]) -> None:
+        """The controller takes a worker's collected records (workers collect, it does not)."""
+        self.records = {nid: {**rec, **self.records.get(nid, {})} for nid, rec in records.items()}
+        self.collected = True
+
     def write_report(self, final: bool) -> None:
         """Write the report; during the run every PARTIAL_REPORT_S too, marked as partial, so a
         run that is killed still leaves the last good report."""
         config = self.config
-        if not self.records or config.getoption("no_report"):
+        if not self.records or config.getoption("no_report") or isolation.worker_id(config):
             return
         # A benchmark run skips every check: its report would say nothing and replace a real one.
         if config.getoption("benchmark_only", False) or not any("outcome" in r for r in self.records.values()):
@@ -93,12 +131,16 @@ class HarnessState:
         config._normdiff_report = write_report(doc, Path(report_dir))  # noqa: SLF001 (terminal summary)
         self._last_write = time.time()
 
-    def record_agreement(self, result: CheckResult) -> None:
+    def record_agreement(self, result: CheckResult) -> list[tuple]:
+        """Compare this check's y with every kernel that ran the same case before it in this
+        process; returns the comparisons, (op, dtype, a, b, difference, case id), which reach the
+        controller with the check's report (add_agreement)."""
         case = result.case
         if case.id != self._last_case:
             self._last_case, self._last_outputs = case.id, {}
         if result.outputs is None:
-            return
+            return []
+        found = []
         inputs, ref = self.oracle.get(case, result.outputs.y.device.type)
         for other, (other_out, other_extra) in self._last_outputs.items():
             # A kernel with a looser rounding contract widens the pair's allowance by its extra.
@@ -107,11 +149,12 @@ class HarnessState:
             allowance = compare.y_allowance(case.op, ref, case.torch_dtype, inputs.weight, extra)
             d = compare.distance(result.outputs.y, other_out.y, allowance)
             a, b = sorted((result.kernel, other))
-            cell = self.agreement.setdefault((case.op, case.dtype, a, b), [0.0, 0, ""])
-            if d > cell[0]:
-                cell[0], cell[2] = d, case.id
-            cell[1] += 1
+            found.append((case.op, case.dtype, a, b, float(d), case.id))
         self._last_outputs[result.kernel] = (result.outputs, result.y_extra)
+        return found
+
+    def add_agreement(self, op, dtype, a, b, d, case_id) -> None:
+        add_agreement_cell(self.agreement.setdefault((op, dtype, a, b), [0.0, 0, ""]), d, 1, case_id)
 
     # Registered as a plugin object, so pytest calls these hooks too.
     def pytest_collection_modifyitems(self, items):
@@ -130,6 +173,44 @@ class HarnessState:
             if case is not None:
                 rec.update(case=case.id, dtype=case.dtype, tags=list(case.tags))
             self.records[item.nodeid] = rec
+        shard = isolation.parse_shard(self.config.getoption("shard"))
+        if shard:
+            k, n = shard
+            where = isolation.shard_of([i.nodeid for i in items], self.records, self.case_index,
+                                       self.kernel_index, device_for, n)
+            drop = [i for i in items if where[i.nodeid] != k - 1]
+            if drop:
+                self.config.hook.pytest_deselected(items=drop)
+                items[:] = [i for i in items if where[i.nodeid] == k - 1]
+        self.collected = True
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session):
+        # A worker leaves its records for the controller, before xdist reports the collection.
+        worker = isolation.worker_id(self.config)
+        if worker:
+            path = Path(self.config.workerinput["normdiff_dir"]) / f"{worker}.collection.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.records, default=str))
+            os.replace(tmp, path)
+
+    def pytest_sessionstart(self, session):
+        self.session = session
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        if self.watch is not None:
+            self.watch.start_item(nodeid)
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        if self.watch is not None:
+            self.watch.end_item()
+
+    def pytest_runtest_setup(self, item):
+        rec = self.records.get(item.nodeid)
+        if rec and self.watch is not None:
+            why = self.watch.banned(rec["kernel"])
+            if why:
+                pytest.skip(why)
 
     def pytest_deselected(self, items):  # -k, -m: not part of this run
         for item in items:
@@ -137,16 +218,42 @@ class HarnessState:
 
     # Registered as a plugin object, so pytest calls it with every test's phases.
     def pytest_runtest_logreport(self, report):
+        if report.when == "call":
+            # What the check sent with its report: fields of its record, agreement, compile numbers.
+            for name, value in report.user_properties:
+                if name == "normdiff_agreement":
+                    for cell in value:
+                        self.add_agreement(*cell)
+                elif name == "normdiff_compiled":
+                    self.compiled.append(value)
         if report.when != "call" and report.passed:
             return
         rec = self.records.get(report.nodeid)
         if rec is None:  # not a parametrised harness check
             return
-        if report.skipped and hasattr(report, "wasxfail"):  # a declared known issue, failing as declared
+        if report.when == "call":
+            for name, value in report.user_properties:
+                if name == "normdiff":
+                    rec.update(value)
+        node = getattr(report, "node", None)  # the xdist worker that ran it, on the controller
+        if node is not None and "worker" not in rec:
+            rec["worker"] = node.gateway.id
+            gpu = (node.gateway.spec.env or {}).get("CUDA_VISIBLE_DEVICES")
+            if gpu is not None:
+                rec["gpu"] = gpu
+        crash = self.crashes.get(report.nodeid)
+        if crash is None and self.watch is not None and self.watch.fatal and report.when == "call":
+            crash = self.crashes[report.nodeid] = self.watch.fatal
+            self.session.shouldstop = f"{crash['detail']}: the CUDA context is unusable"
+        if crash is not None:
+            rec.update(outcome="failed", failure_kind=crash["kind"], crash=crash,
+                       message=str(report.longrepr))
+        elif report.skipped and hasattr(report, "wasxfail"):  # a declared known issue, failing as declared
             rec.update(outcome="known issue", reason=report.wasxfail)
         elif report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            rec.update(outcome="skipped", reason=reason.removeprefix("Skipped: "))
+            reason = reason.removeprefix("Skipped: ")
+            rec.update(outcome="not run" if reason.startswith(isolation.NOT_RUN) else "skipped", reason=reason)
         elif rec.get("outcome") != "failed":
             rec["outcome"] = report.outcome
             if report.failed and "message" not in rec:
@@ -201,6 +308,11 @@ def pytest_configure(config):
     state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config)
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normdiff-state")
+    if getattr(config, "_normdiff_schedule", False) and not isolation.worker_id(config):
+        state.controller = isolation.Controller(config, state)
+        config.pluginmanager.register(state.controller, "normdiff-controller")
+    elif not config.getoption("benchmark_only", False):
+        state.watch = isolation.CallWatch(config)
 
 
 def pytest_report_header(config):
@@ -217,9 +329,18 @@ def pytest_report_header(config):
 
 def backend_status(kernels: list[NormKernel]) -> dict[str, tuple[str, str | None]]:
     """backend -> (how it runs here, why it cannot run here or None)."""
-    status = {}
+    by_backend: dict[str, list[NormKernel]] = {}
     for k in kernels:
-        status.setdefault(k.backend, (k.note(), k.availability()))
+        by_backend.setdefault(k.backend, []).append(k)
+    status = {}
+    for backend, ks in by_backend.items():
+        whys = {k: k.unavailable() for k in ks}
+        if all(whys.values()):  # the whole backend cannot run: its first reason says why
+            status[backend] = (ks[0].note(), whys[ks[0]])
+            continue
+        # Some kernels can run: the note names those that cannot.
+        partial = "; ".join(f"{k.op} {k.name} unavailable: {why}" for k, why in whys.items() if why)
+        status[backend] = ("; ".join(filter(None, [ks[0].note(), partial])), None)
     return status
 
 
@@ -244,8 +365,9 @@ def harness_state(request) -> HarnessState:
     return request.config.stash[STATE]
 
 
-def record(state: HarnessState, nodeid: str, **fields) -> None:
-    state.records.setdefault(nodeid, {}).update(fields)
+def record(node: pytest.Item, **fields) -> None:
+    """Fields for this check's record, sent with its report (so from an xdist worker too)."""
+    node.user_properties.append(("normdiff", fields))
 
 
 def pytest_sessionfinish(session, exitstatus):

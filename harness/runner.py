@@ -4,6 +4,7 @@ Kept free of pytest so the framework's own tests (and a user at a prompt) can ca
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -63,11 +64,14 @@ class OracleCache:
         self._key = self._value = None
 
 
-def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, keep_outputs: bool = False) -> CheckResult:
-    """Run ``kernel`` on ``case`` inside guards and compare with the oracle."""
+def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, keep_outputs: bool = False,
+          watch=None) -> CheckResult:
+    """Run ``kernel`` on ``case`` inside guards and compare with the oracle. ``watch`` (the
+    harness's isolation.CallWatch) limits the call and its synchronize in time and notes what runs."""
     result = CheckResult(case=case, kernel=kernel.name)
     device = device_for(kernel)
-    reason = kernel.unsupported(case.spec(device))
+    spec = case.spec(device)
+    reason = kernel.unsupported(spec)
     if reason:
         result.skipped = reason
         return result
@@ -76,9 +80,10 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
     out, guarded = guards.guarded_outputs(kernel, inputs.x)
     before = guards.snapshot_inputs(inputs.tensors())
     # Judged on what lands in the given buffers, whatever the call returns.
-    kernel(inputs.x, inputs.weight, inputs.bias, inputs.eps, out=out)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    with watch.call(kernel, case, spec) if watch is not None else contextlib.nullcontext():
+        kernel(inputs.x, inputs.weight, inputs.bias, inputs.eps, out=out)
+        if device == "cuda":
+            torch.cuda.synchronize()
     result.findings = guards.inspect(guarded) + guards.inputs_modified(before, inputs.tensors())
     if any(f.kind == "input modified" for f in result.findings):
         oracle.forget()  # the next kernel gets fresh inputs

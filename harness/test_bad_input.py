@@ -32,7 +32,7 @@ BAD_INPUTS = {
 
 
 def _runnable(kernel) -> str:
-    why = kernel.availability()
+    why = kernel.unavailable()
     if why:
         pytest.skip(why)
     return device_for(kernel)

@@ -30,8 +30,8 @@ def cases(draw, op: str, max_elems: int):
 
 
 def test_fuzz(kernel, harness_state):
-    if kernel.availability():
-        pytest.skip(kernel.availability())
+    if kernel.unavailable():
+        pytest.skip(kernel.unavailable())
     quick = harness_state.profile == "quick"
 
     @seed(harness_state.selection["fuzz_seed"])  # the same draws every run, so CI repeats itself
@@ -39,7 +39,7 @@ def test_fuzz(kernel, harness_state):
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(case=cases(kernel.op, 20_000 if quick else 4_000_000))
     def check(case):
-        result = runner.check(kernel, case)
+        result = runner.check(kernel, case, watch=harness_state.watch)
         assume(result.skipped is None)  # outside this kernel's range: the catalogue reports those
         assert result.ok, result.failure_message()
 

@@ -85,7 +85,7 @@ def tasks(backends: list[str], profile: str, bench: bool, files: tuple[str, ...]
     from impls import registry
 
     registry.load_all(files)
-    kernels = [k for k in registry.kernels(backends) if not k.availability()]
+    kernels = [k for k in registry.kernels(backends) if not k.unavailable()]
     if bench:
         from harness import bench as b
         from harness.cases import DTYPES

@@ -30,6 +30,11 @@ def cuda_present() -> bool:
         return False
 
 
+def torch_has_op(name: str) -> bool:
+    """Whether this torch has the aten operator ``name`` (a kernel's requires_torch_ops)."""
+    return hasattr(torch.ops.aten, name)
+
+
 class OptionalImport:
     """Modules a backend needs that the project does not install, imported on first use, once.
     ``modules()`` returns them, or None with ``reason`` saying why: ``missing`` where one is not
@@ -109,6 +114,9 @@ class NormKernel:
     # "before_affine" (x^ rounded to x's dtype before the weight, x^*w again before the bias).
     # The harness allows exactly the extra error the declared contract implies.
     rounding: ClassVar[str] = "once"
+    # aten operators the kernel calls, by name (e.g. "_fused_rms_norm"): a torch without one
+    # makes the kernel unavailable with that reason, not a crash inside the call.
+    requires_torch_ops: ClassVar[tuple[str, ...]] = ()
 
     @property
     def name(self) -> str:
@@ -137,9 +145,22 @@ class NormKernel:
         failures. For defects of peers the project does not own, never for its own kernels."""
         return None
 
+    def missing_torch(self) -> str | None:
+        """None when this torch has every operator the kernel calls, else what is missing."""
+        missing = [op for op in self.requires_torch_ops if not torch_has_op(op)]
+        if not missing:
+            return None
+        return (f"torch {torch.__version__} lacks aten.{', aten.'.join(missing)}, which {self.name} calls: "
+                "install a newer torch (pip install -U torch)")
+
+    def unavailable(self) -> str | None:
+        """None when this kernel can run in this process, else why not: the torch operators it
+        needs, then its backend's own availability."""
+        return self.missing_torch() or self.availability()
+
     def unsupported(self, spec: NormSpec) -> str | None:
         """None when this kernel can run ``spec``; otherwise the reason it cannot."""
-        reason = self.availability()
+        reason = self.unavailable()
         if reason:
             return reason
         if spec.device not in self.devices:
@@ -192,6 +213,12 @@ class NormKernel:
     def _forward(self, x: torch.Tensor, weight, bias, eps: float, out: NormOutputs) -> None:
         """Write the outputs for 2-D rows ``x`` (M, N), stride(1) == 1, into ``out``."""
         raise NotImplementedError
+
+    def compile_key(self, spec: NormSpec):
+        """What the kernel compiles once for (a hashable value), or None when a call never
+        compiles. The harness runs the first call of each key under its compile time limit, not
+        the check's, and keeps the checks that share a key in few workers."""
+        return None
 
     # -- benchmarking -----------------------------------------------------------------------
     def prepare(self, spec: NormSpec) -> None:

@@ -56,6 +56,9 @@ def load_file(path: str | Path) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"backend file {path} does not exist")
     name = f"normdiff_plugin_{path.stem}"
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(getattr(loaded, "__file__", "")) == path:
+        return  # already loaded in this process: its kernels are registered
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -115,6 +115,12 @@ class _TorchCompile(NormKernel):
         return (self.op, x.dtype, x.device.type, rows, n, x.stride(0), y.stride(0),
                 weight is not None, bias is not None, eps)
 
+    def compile_key(self, spec: NormSpec):
+        """The shape class _key compiles for (eps aside, which the catalogue rarely varies)."""
+        dyn = dynamic_rows(spec.device)
+        rows = (spec.rows if spec.rows <= 1 else None) if dyn else spec.rows
+        return (self.op, spec.dtype, spec.device, rows, spec.n, spec.row_stride, spec.has_weight, spec.has_bias)
+
     def _args(self, x, weight, bias, eps, out: NormOutputs) -> tuple:
         """The compiled function's arguments, in its order."""
         raise NotImplementedError

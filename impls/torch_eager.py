@@ -23,6 +23,7 @@ class _TorchEager(NormKernel):
 class TorchRMSNorm(_TorchEager):
     op = "rms_norm"
     outputs = ("y", "rstd")
+    requires_torch_ops = ("_fused_rms_norm",)  # PyTorch added it in 2025; older torch lacks it
 
     def stat_dtype(self, dtype, device):
         return torch.float32

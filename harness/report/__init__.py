@@ -40,23 +40,39 @@ def build_document(*, records, agreement, backends, selection, environment, comm
     }
 
 
+def add_agreement_cell(cell: list, d: float, cases: int, case_id: str) -> None:
+    """Fold a comparison (or another run's cell) into [max difference, cases, worst case]; on a
+    tie the smaller case id, so a cell does not depend on the order checks ran or merged in."""
+    if d > cell[0] or (d == cell[0] and case_id and (not cell[2] or case_id < cell[2])):
+        cell[0], cell[2] = d, case_id
+    cell[1] += cases
+
+
 def merge_documents(docs: list[dict]) -> dict:
-    """One report from runs made side by side (e.g. backends split over processes to use more
-    cores): records and agreement of each run; a check that ran in several keeps its first
-    record. Agreement is only between kernels that ran in the same process."""
+    """One report from shards (``--shard K/N``) or runs made side by side: the records of each
+    run (a check that ran in several keeps its first record) and their agreement cells folded
+    together. Shards keep each case in one run, so their merge equals one unsharded run; runs
+    split by backend compare only the kernels that ran in the same run."""
     if len(docs) == 1:
         return docs[0]
     merged = dict(docs[0])
-    seen, records, agreement, compiled, backends = set(), [], [], [], {}
+    seen, records, compiled, backends = set(), [], [], {}
+    cells: dict[tuple, list] = {}
     for d in docs:
         for r in d["records"]:
             if r["nodeid"] not in seen:
                 seen.add(r["nodeid"])
                 # Each record keeps its own run's selection, so its reproduce command is right.
                 records.append({"selection": d.get("selection", {}), **r})
-        agreement += d.get("agreement", [])
+        for a in d.get("agreement", []):
+            if "max_diff" not in a:
+                continue  # schema 1 (ulps) cannot be merged with allowed errors
+            cell = cells.setdefault((a["op"], a["dtype"], a["a"], a["b"]), [0.0, 0, ""])
+            add_agreement_cell(cell, a["max_diff"], a["cases"], a["worst_case"])
         compiled += d.get("compiled") or []
         backends.update(d.get("backends", {}))
+    agreement = [{"op": op, "dtype": dt, "a": a, "b": b, "max_diff": c[0], "cases": c[1], "worst_case": c[2]}
+                 for (op, dt, a, b), c in sorted(cells.items())]
     merged.update(
         command=" ; ".join(d["command"] for d in docs),
         elapsed_s=max(d.get("elapsed_s", 0) for d in docs),
@@ -175,21 +191,28 @@ def render_markdown(doc: dict) -> str:
     skips: dict[str, Counter] = defaultdict(Counter)
     for r in records:
         key = (r.get("kernel", "-"), r.get("op", "-"), r.get("test", "-"))
-        counts[key][r.get("outcome", "unknown")] += 1
-        if r.get("outcome") == "skipped":
+        counts[key][r.get("outcome", "not reached")] += 1
+        if r.get("outcome") in ("skipped", "not run"):
             skips[key[0]][r.get("reason", "no reason given")] += 1
     total = Counter()
     for c in counts.values():
         total.update(c)
     lines += ["", "## Summary", ""]
     known = total["known issue"]
+    kinds = Counter(r["failure_kind"] for r in records if r.get("outcome") == "failed" and r.get("failure_kind"))
+    not_run = total["not run"]
     lines.append(
         f"**{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped"
         + (f", {known} known issues (declared, failing as declared)" if known else "")
+        + (f", {not_run} not run (their kernel crashed too often)" if not_run else "")
         + f"** ({sum(total.values())} checks)."
     )
+    if kinds:
+        lines += ["", "Failures by kind, beside wrong results: "
+                  + ", ".join(f"**{n} {kind}**" for kind, n in sorted(kinds.items()))
+                  + " (the kernel killed or stalled its worker; each check was charged alone and the run went on)."]
     lines.append("")
-    extra = ["known issue"] if known else []
+    extra = (["known issue"] if known else []) + (["not run"] if not_run else [])
     lines += _table(["kernel", "op", "check", "passed", "failed", "skipped", *extra], [
         [k, op, test, c["passed"], c["failed"], c["skipped"], *(c[e] for e in extra)]
         for (k, op, test), c in sorted(counts.items())
@@ -218,6 +241,9 @@ def render_markdown(doc: dict) -> str:
         lines.append("None.")
     for r in failures:
         lines += [f"### `{r['nodeid'].split('::')[-1]}`", ""]
+        if r.get("failure_kind"):
+            c = r.get("crash") or {}
+            lines += [f"- **{r['failure_kind']}**: {c.get('detail', '')} ({c.get('where', '')}, worker {c.get('worker', '?')})", ""]
         for f in r.get("findings") or ():
             lines.append(f"- guard: **{f['kind']}** in `{f['output']}`: {f['count']} element(s), first at {f['first']}")
         bad = [e for e in r.get("errors") or () if e["mismatched"]]
@@ -227,7 +253,7 @@ def render_markdown(doc: dict) -> str:
                 [[e["output"], f"{e['mismatched']}/{e['numel']}", e["max_abs"], e["max_ulp"], e["rel_l2"], e["worst_ratio"],
                   f"{e['worst_index']}: {_fmt(e['worst_out'], 9)} / {_fmt(e['worst_ref'], 9)}"] for e in bad],
             )
-        if not bad and not r.get("findings"):
+        if not bad and not r.get("findings") and not r.get("failure_kind"):
             msg = (r.get("message") or "").strip().splitlines()
             lines += ["```", *msg[-12:], "```"]
         lines += ["", "Reproduce:", "", "```", repro_command(doc, r), "```", ""]

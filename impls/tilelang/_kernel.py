@@ -71,6 +71,12 @@ class TileLangKernel(NormKernel):
         vec = choose_vec(spec.dtype, spec.n, strides)
         _compile.compile_plan(self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec, spec.rows))
 
+    def compile_key(self, spec: NormSpec):
+        """The plan ``prepare`` compiles: M and the strides are run-time values."""
+        strides = (spec.row_stride, spec.n) if spec.rows > 1 else ()
+        return self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias,
+                             choose_vec(spec.dtype, spec.n, strides), spec.rows)
+
     def _launch_plan(self, x: torch.Tensor, y: torch.Tensor, *params) -> Plan:
         m, n = x.shape
         strides = (x.stride(0), y.stride(0)) if m > 1 else ()
