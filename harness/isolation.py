@@ -452,10 +452,12 @@ def parse_shard(value: str | None) -> tuple[int, int] | None:
     return int(m.group(1)), int(m.group(2))
 
 
-def shard_of(ids: list[str], records: dict, cases: dict, kernels: dict, device_for, count: int) -> dict[str, int]:
+def shard_of(ids: list[str], records: dict, cases: dict, kernels: dict, device_for, count: int,
+             groups: dict[str, str] | None = None) -> dict[str, int]:
     """nodeid -> shard (0-based): whole scopes, heaviest first onto the lightest shard. The
-    same collection gives the same answer in every process."""
-    scope = scopes(ids, records, cases, kernels, device_for, cap=None)
+    same collection gives the same answer in every process. ``groups`` names the scope of tests
+    that are not checks (a benchmark's group: its kernels are timed together)."""
+    scope = {**scopes(ids, records, cases, kernels, device_for, cap=None), **(groups or {})}
     units: dict[str, list[str]] = {}
     for nid in ids:
         units.setdefault(scope[nid], []).append(nid)

@@ -176,8 +176,10 @@ class HarnessState:
         shard = isolation.parse_shard(self.config.getoption("shard"))
         if shard:
             k, n = shard
+            groups = {i.nodeid: f"benchmark group {m.kwargs['group']}" for i in items
+                      for m in i.iter_markers("benchmark") if m.kwargs.get("group")}
             where = isolation.shard_of([i.nodeid for i in items], self.records, self.case_index,
-                                       self.kernel_index, device_for, n)
+                                       self.kernel_index, device_for, n, groups)
             drop = [i for i in items if where[i.nodeid] != k - 1]
             if drop:
                 self.config.hook.pytest_deselected(items=drop)

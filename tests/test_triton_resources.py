@@ -34,6 +34,9 @@ def _run(tmp_path, *args):
     return json.loads(out.read_text())
 
 
+@pytest.mark.skipif(not __import__("triton").__version__.startswith("3.6."),
+                    reason="the register counts are Triton 3.6's (the H200's); another Triton allocates differently, "
+                           "and ROWWISE_ONE_ROW then wants measuring on a GPU again")
 def test_the_rowwise_form_chosen_holds_the_most_blocks_where_it_was_measured(tmp_path):
     """LayerNorm bf16: at 16384 the 1-D form takes more registers (one block of 512 threads a
     SM, 58.9% of copy against 92.7%), at 8192 the tile form does (three blocks of 256 against

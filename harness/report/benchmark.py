@@ -287,16 +287,17 @@ def _matrix(t: list[dict], baseline: str, cell, what: str) -> list[str]:
     kernels = _order((r["kernel"] for r in t), baseline)
     shapes = sorted({(r["n"], r["m"]) for r in t})
     at = {(r["n"], r["m"], r["kernel"]): r for r in t}
+    several = len({r["device"] for r in t}) > 1  # rows timed on several GPUs: name each row's
     body = []
     for n, m in shapes:
         present = [at[(n, m, k)] for k in kernels if (n, m, k) in at]
         best = min(present, key=lambda r: r["median_s"])["kernel"]
-        row = [f"{m} x {n}"]
+        row = [f"{m} x {n}"] + ([", ".join(sorted({r["device"] or "-" for r in present}))] if several else [])
         for k in kernels:
             r = at.get((n, m, k))
             row.append("-" if r is None else (f"**★ {cell(r)}**" if k == best and len(present) > 1 else cell(r)))
         body.append(row)
-    return _table([f"M x N ({what})", *kernels], body)
+    return _table([f"M x N ({what})", *(["timed on"] if several else []), *kernels], body)
 
 
 def _long(t: list[dict], baseline: str) -> list[str]:
@@ -352,7 +353,10 @@ def merge(docs: list[dict]) -> dict:
         nd[key] = sum(x.get(key, 0) for x in nds)
     nd["final"] = all(x.get("final", True) for x in nds)
     nd["command"] = " ; ".join(x.get("command", "?") for x in nds)
-    nd["ceiling"] = {f"{dev} (run {i + 1})": c for i, x in enumerate(nds) for dev, c in (x.get("ceiling") or {}).items()}
+    # Each run's ceiling under the device its rows name (one GPU per run when split over GPUs).
+    labels = [sorted({(b.get("extra_info") or {}).get("device") for b in d.get("benchmarks", ())} - {None}) for d in docs]
+    nd["ceiling"] = {(", ".join(labels[i]) if labels[i] else f"{dev} (run {i + 1})"): c
+                     for i, x in enumerate(nds) for dev, c in (x.get("ceiling") or {}).items()}
     out["normdiff"] = nd
     return out
 
