@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # A batched GPU session, in phases that each fit one device call (10 minutes):
-#   tools/gpu_run.sh checks OUT   correctness, full profile, every backend; the framework's tests
+#   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers);
+#                                 the framework's tests
 #   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep, bandwidth part twice), README shapes
 #   tools/gpu_run.sh sweep OUT [ARGS]   the Triton launch-setting sweep (tools/triton_sweep.py ARGS)
 # The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
 # TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
-# wherever APEX_LIB points. Compilation is done first in parallel (harness.warm) so the single
-# pytest processes load compiled code; the checks run as side-by-side processes, merged after.
-# A timeout sends SIGINT: pytest then still writes the report of what had run.
+# wherever APEX_LIB points. The checks are one pytest run whose xdist workers share the GPU and
+# compile in parallel; the benchmark's compilation is done first in parallel (harness.warm) so the
+# timing process loads compiled code. A timeout sends SIGINT: pytest then still writes the report.
 set -uo pipefail
 phase=$1 out=$2
 mkdir -p "$out"
@@ -19,16 +20,12 @@ python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch
 pt() { timeout -s INT -k 20 "$1" python -m pytest "${@:2}" -q -p no:randomly; }
 case $phase in
 checks)
-  timeout 150 python -m harness.warm --backend tilelang,torch_compile --profile full --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
-  # The project's kernels together; the peers together (eager in both: the merge keeps one).
-  pt 400 harness --profile full --backend torch,triton,tilelang \
-     -k "not test_tilelang_compile and not (test_fuzz and tilelang)" --report-dir="$out/p1" > "$out/p1.log" 2>&1 &
-  pt 400 harness --profile full --backend tilelang -k "test_fuzz or test_tilelang_compile" --report-dir="$out/p2" > "$out/p2.log" 2>&1 &
-  pt 400 harness --profile full --backend torch,apex,torch_compile,liger "${liger[@]}" --report-dir="$out/p3" > "$out/p3.log" 2>&1 &
-  pt 400 tests > "$out/tests.log" 2>&1 &
-  wait
-  for f in p1 p2 p3 tests; do echo "== $f"; tail -n 4 "$out/$f.log"; done
-  python -m harness.report "$out"/p1/correctness.json "$out"/p2/correctness.json "$out"/p3/correctness.json --out "$out"
+  start=$SECONDS
+  timeout -s INT -k 20 "${CHECKS_TIMEOUT:-560}" python -m pytest harness \
+     --profile full --backend all "${liger[@]}" -q -p no:randomly --report-dir="$out" > "$out/checks.log" 2>&1
+  echo "checks: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/checks.log"
+  tail -n 6 "$out/checks.log"
+  pt 300 tests > "$out/tests.log" 2>&1; tail -n 3 "$out/tests.log"
   ;;
 bench)
   timeout 130 python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
