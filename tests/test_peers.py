@@ -28,7 +28,8 @@ FILTER = ["--op", "rms_norm,layer_norm", "--dtype", "bfloat16", "--profile", "qu
 def harness(*args, block=(), tmp_path):
     """Run the differential check in a fresh process, with the modules in ``block`` made
     unimportable (as on a machine without them); return the report's records."""
-    argv = [str(ROOT / "harness" / "test_differential.py"), "-q", "-p", "no:randomly",
+    # One process (-n 0): the blocked modules are blocked in this process only.
+    argv = [str(ROOT / "harness" / "test_differential.py"), "-q", "-p", "no:randomly", "-n", "0",
             "--report-dir", str(tmp_path), *args]
     code = (f"import sys\nfor m in {list(block)!r}: sys.modules[m] = None\n"
             f"import pytest\nsys.exit(pytest.main({argv!r}))")
