@@ -142,12 +142,20 @@ def broken_context(device: str) -> str | None:
         return None
     import torch
 
-    try:
-        torch.cuda.synchronize()
-        torch.ones(1, device="cuda").add_(1).item()
-        return None
-    except Exception as exc:  # a sticky error: illegal address, misaligned access, device-side assert
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    error = None
+    for attempt in range(3):
+        try:
+            torch.cuda.synchronize()
+            torch.ones(1, device="cuda").add_(1).item()
+            return None
+        except Exception as exc:  # a sticky error: illegal address, misaligned access, device-side assert
+            error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if "out of memory" not in error:
+                return error
+            # Memory another worker holds for a moment is not a broken context: free ours, retry.
+            torch.cuda.empty_cache()
+            time.sleep(1 + attempt)
+    return error
 
 
 class CallWatch:
@@ -198,6 +206,8 @@ class CallWatch:
     def end_item(self) -> None:
         faulthandler.cancel_dump_traceback_later()
         self.note(phase="between tests")
+        if self.worker:
+            release_gpu_memory()
 
     def banned(self, kernel: str) -> str | None:
         """Why ``kernel`` must not run any more (it crashed too often), else None."""
@@ -244,6 +254,16 @@ class CallWatch:
         self.fatal = {"kind": "crashed", "detail": message, "where": f"{kernel.name} on {case.id}",
                       "worker": "this process", "kernel": kernel.name, "case": case.id, "phase": "call"}
         raise KernelCrashed(message + "; the run stops here (one process, -n 0: no worker to replace)")
+
+
+def release_gpu_memory(keep_bytes: int = 2 << 30) -> None:
+    """Hand cached GPU memory back when this worker holds more than ``keep_bytes``: workers share
+    a GPU, and one worker's cache must not starve another's large case."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > keep_bytes:
+        torch.cuda.empty_cache()
 
 
 # -- the controller: what a dead worker was doing ----------------------------------------------
@@ -351,16 +371,35 @@ def weight(rec: dict | None, cases: dict) -> float:
     case = cases.get(rec.get("case"))
     if case is None:
         return 1.0
-    numel = 1
+    return 1.0 + numel(case) / 2**22
+
+
+HEAVY_ELEMENTS = 2**25  # a case this large takes GBs of GPU memory (float64 oracle, guards, comparison)
+# Workers that may hold such a case at once on one GPU: the largest (16384 x 8192) took 17 GB of
+# the H200's 141 in one worker; four leave room for the other workers.
+HEAVY_LANES_PER_GPU = 4
+
+
+def numel(case) -> int:
+    n = 1
     for s in case.shape:
-        numel *= s
-    return 1.0 + numel / 2**22
+        n *= s
+    return n
 
 
-def scopes(ids: list[str], records: dict, cases: dict, kernels: dict, device_for, cap: float | None) -> dict[str, str]:
+def scopes(ids: list[str], records: dict, cases: dict, kernels: dict, device_for, cap: float | None,
+           heavy_lanes: int | None = None) -> dict[str, str]:
     """nodeid -> scheduling scope. A case's checks share a scope; cases sharing a compile key
-    share one too, cut into pieces of at most ``cap`` weight (None: never cut)."""
+    share one too, cut into pieces of at most ``cap`` weight (None: never cut). With
+    ``heavy_lanes``, the cases of HEAVY_ELEMENTS or more go to that many scopes of their own, so
+    at most that many workers hold one at a time (workers share a GPU's memory)."""
     groups = case_groups(records, cases, kernels, device_for)
+    if heavy_lanes:  # largest first, each onto the lane with the fewest elements so far
+        load = [0] * heavy_lanes
+        for c in sorted((c for c in groups if numel(cases[c]) >= HEAVY_ELEMENTS), key=lambda c: (-numel(cases[c]), c)):
+            lane = min(range(heavy_lanes), key=lambda i: (load[i], i))
+            load[lane] += numel(cases[c])
+            groups[c] = f"heavy lane {lane}"
     members: dict[str, list[str]] = {}
     for nid in ids:
         rec = records.get(nid) or {}
@@ -376,7 +415,7 @@ def scopes(ids: list[str], records: dict, cases: dict, kernels: dict, device_for
         piece, load = 0, 0.0
         for c in order:
             w = sum(weight(records[n], cases) for n in by_case[c])
-            if cap is not None and load and load + w > cap:
+            if cap is not None and load and load + w > cap and not group.startswith("heavy"):
                 piece, load = piece + 1, 0.0
             load += w
             for n in by_case[c]:
@@ -412,7 +451,9 @@ class CaseScheduling(LoadScopeScheduling):
             st = self.state
             total = sum(weight(st.records.get(n), st.case_index) for n in ids)
             cap = max(30.0, total / (3 * max(1, self.numnodes)))
-            self.scope_of = scopes(ids, st.records, st.case_index, st.kernel_index, st.device_for, cap)
+            gpus = {(n.gateway.spec.env or {}).get("CUDA_VISIBLE_DEVICES") for n in self.nodes} - {None}
+            self.scope_of = scopes(ids, st.records, st.case_index, st.kernel_index, st.device_for, cap,
+                                   heavy_lanes=HEAVY_LANES_PER_GPU * len(gpus) if gpus else None)
             units: dict[str, dict[str, bool]] = {}
             for nid in ids:
                 units.setdefault(self._split_scope(nid), {})[nid] = False
