@@ -467,7 +467,17 @@ class CaseScheduling(LoadScopeScheduling):
             for node in self.nodes:
                 self._reschedule(node)
             return
+        if self.collection is not None:  # a replacement worker finished collecting
+            for node in self.nodes:
+                self._reschedule(node)
+            return
         super().schedule()
+
+    def _reschedule(self, node) -> None:
+        # A replacement worker is added before it has collected; xdist's loadscope would assign
+        # it work then (KeyError when two workers die close together): it waits for its collection.
+        if node in self.registered_collections:
+            super()._reschedule(node)
 
     def remove_node(self, node):
         workload = self.assigned_work.pop(node)
@@ -478,7 +488,7 @@ class CaseScheduling(LoadScopeScheduling):
         for unit in workload.values():
             unit.pop(crashitem, None)  # reported as crashed by the controller, never re-run
         self.workqueue.update({s: u for s, u in workload.items() if not all(u.values())})
-        for other in self.assigned_work:
+        for other in list(self.assigned_work):
             self._reschedule(other)
         return crashitem
 
