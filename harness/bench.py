@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import compare, plugin, timing
+from harness import compare, plugin, run, timing
 from harness.cases import DTYPES
 from harness.runner import device_for
 from impls.base import DEFAULT_EPS, OPS, NormKernel, NormOutputs, NormSpec, UnsupportedCase
@@ -142,7 +142,7 @@ def pytest_generate_tests(metafunc):
         return
     state = metafunc.config.stash[plugin.STATE]
     ops = [op for op in OPS if any(k.op == op for k in state.kernels)]
-    dtypes = plugin._split(state.selection["dtype"], tuple(DTYPES), "dtype") or tuple(DTYPES)
+    dtypes = run.split_names(state.selection["dtype"], tuple(DTYPES), "dtype") or tuple(DTYPES)
     repeat = max(1, metafunc.config.getoption("bench_repeat"))
     baseline = metafunc.config.getoption("bench_baseline")
     params = [
@@ -201,7 +201,7 @@ class BenchContext:
                                 "message": (report.longreprtext or "")[-2000:]})
         if report.when == "call":
             self.done += 1
-            plugin.write_partial(self)
+            run.write_partial(self)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_benchmark_update_json(self, config, benchmarks, output_json):
@@ -291,7 +291,7 @@ class BenchContext:
         return {
             "schema": 1,
             "environment": environment(),
-            "command": plugin.invocation(self.config),
+            "command": run.invocation(self.config),
             "selection": {**sel, "repeat": self.config.getoption("bench_repeat"),
                           "baseline": self.config.getoption("bench_baseline")},
             "ceiling": ceilings,
@@ -469,7 +469,7 @@ def sample_rows(m: int, n: int, device: str) -> torch.Tensor:
 
 
 def environment() -> dict:
-    env = plugin.environment()
+    env = run.environment()
     if "liger_kernel" not in env:
         import importlib.metadata as md
 

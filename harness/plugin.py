@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import shlex
-import subprocess
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
-from harness import compare, isolation
+from harness import compare, isolation, scheduling
+from harness.run import backend_status, environment, invocation, split_names, write_partial
 from harness.cases import DTYPES, Case, catalogue
 from harness.report import add_agreement_cell
 from harness.runner import CheckResult, OracleCache, device_for
@@ -26,12 +23,12 @@ from impls import registry
 from impls.base import OPS, NormKernel
 
 STATE = pytest.StashKey["HarnessState"]()
-PARTIAL_REPORT_S = 60.0  # seconds between partial reports during a run
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("normdiff")
-    group.addoption("--backend", default="all", help="all, or a comma-separated list of backend names")
+    group.addoption("--backend", default="all",
+                    help="all, or a comma-separated list of backend names or glob patterns ('my_*')")
     group.addoption(
         "--backend-file", action="append", default=[], metavar="PATH",
         help="a Python file that registers kernels of an outside backend (repeatable)",
@@ -59,7 +56,7 @@ def pytest_cmdline_main(config):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     if getattr(config, "_normdiff_schedule", False):
-        return isolation.CaseScheduling(config, log, config.stash[STATE])
+        return scheduling.CaseScheduling(config, log, config.stash[STATE])
     return None
 
 
@@ -173,12 +170,12 @@ class HarnessState:
             if case is not None:
                 rec.update(case=case.id, dtype=case.dtype, tags=list(case.tags))
             self.records[item.nodeid] = rec
-        shard = isolation.parse_shard(self.config.getoption("shard"))
+        shard = scheduling.parse_shard(self.config.getoption("shard"))
         if shard:
             k, n = shard
             groups = {i.nodeid: f"benchmark group {m.kwargs['group']}" for i in items
                       for m in i.iter_markers("benchmark") if m.kwargs.get("group")}
-            where = isolation.shard_of([i.nodeid for i in items], self.records, self.case_index,
+            where = scheduling.shard_of([i.nodeid for i in items], self.records, self.case_index,
                                        self.kernel_index, device_for, n, groups)
             drop = [i for i in items if where[i.nodeid] != k - 1]
             if drop:
@@ -264,28 +261,6 @@ class HarnessState:
         write_partial(self)
 
 
-def write_partial(owner) -> None:
-    """Every PARTIAL_REPORT_S, ``owner.write_report(final=False)`` (the correctness state, the
-    benchmark context), so a run that is killed leaves its last report. A partial report that
-    cannot be written warns and never ends the run: the final one is where an error must show."""
-    if time.time() - owner._last_write <= PARTIAL_REPORT_S:
-        return
-    owner._last_write = time.time()
-    try:
-        owner.write_report(final=False)
-    except Exception as exc:
-        warnings.warn(f"partial report not written: {type(exc).__name__}: {exc}")
-
-
-def _split(value: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...] | None:
-    if value == "all":
-        return None
-    names = tuple(v.strip() for v in value.split(",") if v.strip())
-    if allowed is not None:
-        bad = [n for n in names if n not in allowed]
-        if bad:
-            raise pytest.UsageError(f"unknown {what} {', '.join(bad)}; expected all or {', '.join(allowed)}")
-    return names
 
 
 def pytest_configure(config):
@@ -293,9 +268,11 @@ def pytest_configure(config):
         registry.load_all(config.getoption("backend_file"))
     except FileNotFoundError as exc:
         raise pytest.UsageError(str(exc)) from exc
-    backends = _split(config.getoption("backend"), tuple(registry.backends()), "backend")
-    ops = _split(config.getoption("op"), OPS, "op")
-    dtypes = _split(config.getoption("dtype"), tuple(DTYPES), "dtype")
+    named = split_names(config.getoption("backend"), None, "backend")
+    backends = split_names(",".join(registry.expand(list(named))), tuple(registry.backends()), "backend") \
+        if named else None
+    ops = split_names(config.getoption("op"), OPS, "op")
+    dtypes = split_names(config.getoption("dtype"), tuple(DTYPES), "dtype")
     profile = config.getoption("profile") or ("full" if torch.cuda.is_available() else "quick")
     kernels = [k for k in registry.kernels(list(backends) if backends else None) if ops is None or k.op in ops]
     cases = [c for c in catalogue(profile) if (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)]
@@ -328,22 +305,6 @@ def pytest_report_header(config):
         lines.append(f"  {source} failed to load: {err}")
     return lines
 
-
-def backend_status(kernels: list[NormKernel]) -> dict[str, tuple[str, str | None]]:
-    """backend -> (how it runs here, why it cannot run here or None)."""
-    by_backend: dict[str, list[NormKernel]] = {}
-    for k in kernels:
-        by_backend.setdefault(k.backend, []).append(k)
-    status = {}
-    for backend, ks in by_backend.items():
-        whys = {k: k.unavailable() for k in ks}
-        if all(whys.values()):  # the whole backend cannot run: its first reason says why
-            status[backend] = (ks[0].note(), whys[ks[0]])
-            continue
-        # Some kernels can run: the note names those that cannot.
-        partial = "; ".join(f"{k.op} {k.name} unavailable: {why}" for k, why in whys.items() if why)
-        status[backend] = ("; ".join(filter(None, [ks[0].note(), partial])), None)
-    return status
 
 
 def pytest_generate_tests(metafunc):
@@ -384,58 +345,5 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(f"normdiff correctness report: {paths[0]}")
 
 
-def invocation(config) -> str:
-    return "pytest " + " ".join(shlex.quote(a) for a in config.invocation_params.args)
 
-
-def environment() -> dict:
-    import importlib.metadata as md
-
-    def version(pkg):
-        try:
-            return md.version(pkg)
-        except md.PackageNotFoundError:
-            return None
-
-    env = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": version("triton"),
-        "tilelang": version("tilelang"),
-        "apex": version("apex"),
-        "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "triton_interpret": os.environ.get("TRITON_INTERPRET"),
-    }
-    # A copy of the tree run elsewhere (the GPU machine) may carry stale git metadata: the
-    # runner then names the commit it copied.
-    if os.environ.get("NORMDIFF_COMMIT"):
-        env["commit"] = os.environ["NORMDIFF_COMMIT"]
-        return _with_driver(env)
-    try:
-        env["commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-            cwd=Path(__file__).parent,
-        ).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10, cwd=Path(__file__).parent).stdout.strip()
-        if env["commit"] and dirty:
-            env["commit"] += " (with uncommitted changes)"
-    except (OSError, subprocess.SubprocessError):
-        env["commit"] = None
-    return _with_driver(env)
-
-
-def _with_driver(env: dict) -> dict:
-    if torch.cuda.is_available():
-        try:
-            env["driver"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=20,
-            ).stdout.strip().splitlines()[0]
-        except (OSError, subprocess.SubprocessError, IndexError):
-            env["driver"] = None
-    return env
 

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, assume, given, seed, settings
 from hypothesis import strategies as st
 
 from harness import runner
+from harness.plugin import record
 from harness.cases import DTYPES, Case
 
 # Distributions a drawn case may use (NaN rows stay in the catalogue: one NaN row per case).
@@ -29,10 +30,11 @@ def cases(draw, op: str, max_elems: int):
     )
 
 
-def test_fuzz(kernel, harness_state):
+def test_fuzz(kernel, harness_state, request):
     if kernel.unavailable():
         pytest.skip(kernel.unavailable())
     quick = harness_state.profile == "quick"
+    failing = {}  # the last failing draw: hypothesis replays its shrunk example last
 
     @seed(harness_state.selection["fuzz_seed"])  # the same draws every run, so CI repeats itself
     @settings(max_examples=12 if quick else 20, deadline=None, database=None,
@@ -41,6 +43,16 @@ def test_fuzz(kernel, harness_state):
     def check(case):
         result = runner.check(kernel, case, watch=harness_state.watch)
         assume(result.skipped is None)  # outside this kernel's range: the catalogue reports those
+        if not result.ok:
+            failing.update(case=case, result=result)
         assert result.ok, result.failure_message()
 
-    check()
+    try:
+        check()
+    except AssertionError:
+        if failing:  # the report keeps the drawn case and its errors, not hypothesis's boilerplate
+            case, result = failing["case"], failing["result"]
+            record(request.node, drawn_case=case.id,
+                   errors=[e.to_dict() for e in result.errors], findings=[f.__dict__ for f in result.findings],
+                   message=f"drawn case {case.id} (rebuild: harness.cases.case_from_id)\n{result.failure_message()}")
+        raise

@@ -59,6 +59,8 @@ def load_file(path: str | Path) -> None:
     loaded = sys.modules.get(name)
     if loaded is not None and Path(getattr(loaded, "__file__", "")) == path:
         return  # already loaded in this process: its kernels are registered
+    if str(path.parent) not in sys.path:  # a plug-in may import the modules beside it
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -70,6 +72,18 @@ def load_all(files: list[str] | tuple[str, ...] = ()) -> None:
     load_entry_points()
     for f in files:
         load_file(f)
+
+
+def expand(patterns: list[str]) -> list[str]:
+    """Backend names for names or glob patterns (``my_*``); an unmatched pattern stays, so the
+    caller can say it is unknown."""
+    import fnmatch
+
+    out: list[str] = []
+    for p in patterns:
+        hits = fnmatch.filter(backends(), p) if any(c in p for c in "*?[") else []
+        out += [h for h in (hits or [p]) if h not in out]
+    return out
 
 
 def backends() -> list[str]:
@@ -92,7 +106,8 @@ def kernels(names: list[str] | None = None, op: str | None = None) -> list[NormK
 def get(op: str, backend: str, variant: str | None = None) -> NormKernel:
     found = [k for k in kernels([backend], op) if variant is None or k.variant == variant]
     if not found:
-        raise KeyError(f"no {op} kernel {backend}.{variant or '*'}")
+        valid = ", ".join(k.variant for k in kernels([backend], op)) or "none"
+        raise KeyError(f"no {op} kernel {backend}.{variant or '*'}; {backend}'s {op} variants: {valid}")
     return found[0]
 
 

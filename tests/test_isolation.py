@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import isolation
+from harness import isolation, scheduling
 
 pytest.importorskip("xdist")
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,19 +148,19 @@ def test_scopes_keep_a_case_together_and_cases_sharing_a_compile_key_in_few_piec
     recs = {f"t[{c}-{k}]": {"test": "test_against_oracle", "case": c, "kernel": k, "op": "rms_norm"}
             for c in cases for k, _ in kernels}
     ids = list(recs)
-    scope = isolation.scopes(ids, recs, cases, kernels, lambda k: "cpu", cap=None)
+    scope = scheduling.scopes(ids, recs, cases, kernels, lambda k: "cpu", cap=None)
     for c in cases:  # a case's checks share a scope
         assert scope[f"t[{c}-eager]"] == scope[f"t[{c}-jit]"]
     by_n = {}
     for c in cases.values():
         by_n.setdefault(c.shape[-1], set()).add(scope[f"t[{c.id}-jit]"])
     assert all(len(s) == 1 for s in by_n.values())  # uncut: one scope per compile key
-    cut = isolation.scopes(ids, recs, cases, kernels, lambda k: "cpu", cap=6.0)
+    cut = scheduling.scopes(ids, recs, cases, kernels, lambda k: "cpu", cap=6.0)
     assert len(set(cut.values())) > len(set(scope.values()))
     for c in cases:
         assert cut[f"t[{c}-eager]"] == cut[f"t[{c}-jit]"]
-    shards = isolation.shard_of(ids, recs, cases, kernels, lambda k: "cpu", 3)
-    assert set(shards.values()) == {0, 1, 2} and shards == isolation.shard_of(ids, recs, cases, kernels, lambda k: "cpu", 3)
+    shards = scheduling.shard_of(ids, recs, cases, kernels, lambda k: "cpu", 3)
+    assert set(shards.values()) == {0, 1, 2} and shards == scheduling.shard_of(ids, recs, cases, kernels, lambda k: "cpu", 3)
 
 
 def test_classify_reads_what_a_dead_worker_left():

@@ -8,6 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from impls import registry
+
 ROOT = Path(__file__).resolve().parents[1]
 FILTER = ["--op", "rms_norm", "--dtype", "bfloat16", "--profile", "quick"]
 
@@ -153,3 +157,51 @@ def test_known_issues_are_counted_apart_and_must_keep_failing(tmp_path):
     assert proc.returncode == 1
     md = (tmp_path / "correctness.md").read_text()
     assert "1 known issues (declared, failing as declared)" in md and "ignores its weight" in md
+
+
+def test_plugin_friction_fixes(tmp_path):
+    """A backend file imports a module beside it; --backend takes a glob; a failing drawn case's
+    report keeps the drawn case and its error; reproduce commands carry their environment."""
+    (tmp_path / "mymath.py").write_text("def scale(n):\n    return 1.01 if n > 3000 else 1.0\n")
+    (tmp_path / "my_backends.py").write_text(textwrap.dedent('''
+        import torch
+        from mymath import scale
+        from impls.base import NormKernel
+        from impls.registry import register
+
+        class _Mine(NormKernel):
+            op, variant, outputs = "rms_norm", "v", ("y", "rstd")
+            def _forward(self, x, w, b, eps, out):
+                rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+                y = x.float() * rstd[:, None] * scale(x.shape[1])
+                out.y.copy_(y if w is None else y * w.float())
+                out.rstd.copy_(rstd)
+
+        @register
+        class A(_Mine):
+            backend = "my_a"
+
+        @register
+        class B(_Mine):
+            backend = "my_b"
+    '''))
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "harness" / "test_fuzz.py"), "-q", "-p", "no:randomly",
+                           "-n", "0", "--backend-file", str(tmp_path / "my_backends.py"), "--backend", "my_*",
+                           "--profile", "quick", "--report-dir", str(tmp_path / "r")],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "r" / "correctness.json").read_text())
+    assert {r["kernel"] for r in doc["records"]} == {"my_a.v", "my_b.v"}  # the glob matched both
+    for r in doc["records"]:
+        assert r["outcome"] == "failed" and r["drawn_case"].startswith("rms_norm-")
+        assert int(r["drawn_case"].split("-")[2].split("x")[-1]) > 3000  # the drawn shape that fails
+        assert r["errors"] and max(e["worst_ratio"] for e in r["errors"]) > 1
+    from harness.report import repro_command
+
+    assert repro_command(doc, doc["records"][0]).startswith("TRITON_INTERPRET=1 pytest ")
+
+
+def test_a_wrong_variant_lists_the_valid_ones():
+    registry.load_all()
+    with pytest.raises(KeyError, match="rowwise"):
+        registry.get("rms_norm", "triton", "nosuch")

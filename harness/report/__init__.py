@@ -132,7 +132,11 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 def repro_command(doc: dict, rec: dict) -> str:
     sel = rec.get("selection") or doc.get("selection", {})
     backend = rec.get("backend") or sel.get("backend", "all")
-    parts = ["pytest", shlex.quote(rec["nodeid"]), "--backend", backend, "--profile", sel.get("profile", "quick")]
+    env = dict((doc.get("environment") or {}).get("repro_env") or {})
+    if (doc.get("environment") or {}).get("triton_interpret") and "TRITON_INTERPRET" not in env:
+        env["TRITON_INTERPRET"] = doc["environment"]["triton_interpret"]  # reports before repro_env
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    parts = [*prefix, "pytest", shlex.quote(rec["nodeid"]), "--backend", backend, "--profile", sel.get("profile", "quick")]
     for f in sel.get("backend_file") or ():
         parts += ["--backend-file", shlex.quote(f)]
     if rec.get("test") == "test_fuzz" and sel.get("fuzz_seed"):
@@ -241,6 +245,8 @@ def render_markdown(doc: dict) -> str:
         lines.append("None.")
     for r in failures:
         lines += [f"### `{r['nodeid'].split('::')[-1]}`", ""]
+        if r.get("drawn_case"):
+            lines += [f"- drawn case: `{r['drawn_case']}` (`harness.cases.case_from_id` rebuilds its inputs)", ""]
         if r.get("failure_kind"):
             c = r.get("crash") or {}
             lines += [f"- **{r['failure_kind']}**: {c.get('detail', '')} ({c.get('where', '')}, worker {c.get('worker', '?')})", ""]

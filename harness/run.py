@@ -1,0 +1,120 @@
+"""What the checks (harness.plugin) and the benchmarks (harness.bench) share about a run: the
+selection options, the environment and command a report names, the backends' status, and the
+partial reports written while a run goes on."""
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from impls.base import NormKernel
+
+# Variables that change what a check runs: a reproduce command sets them as the run had them.
+REPRO_ENV = ("TRITON_INTERPRET", "NORMDIFF_COMPILE_ROWS", "CUDA_VISIBLE_DEVICES")
+PARTIAL_REPORT_S = 60.0  # seconds between partial reports during a run
+
+
+def write_partial(owner) -> None:
+    """Every PARTIAL_REPORT_S, ``owner.write_report(final=False)`` (the correctness state, the
+    benchmark context), so a run that is killed leaves its last report. A partial report that
+    cannot be written warns and never ends the run: the final one is where an error must show."""
+    if time.time() - owner._last_write <= PARTIAL_REPORT_S:
+        return
+    owner._last_write = time.time()
+    try:
+        owner.write_report(final=False)
+    except Exception as exc:
+        warnings.warn(f"partial report not written: {type(exc).__name__}: {exc}")
+
+
+def split_names(value: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...] | None:
+    if value == "all":
+        return None
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    if allowed is not None:
+        bad = [n for n in names if n not in allowed]
+        if bad:
+            raise pytest.UsageError(f"unknown {what} {', '.join(bad)}; expected all or {', '.join(allowed)}")
+    return names
+
+
+def backend_status(kernels: list[NormKernel]) -> dict[str, tuple[str, str | None]]:
+    """backend -> (how it runs here, why it cannot run here or None)."""
+    by_backend: dict[str, list[NormKernel]] = {}
+    for k in kernels:
+        by_backend.setdefault(k.backend, []).append(k)
+    status = {}
+    for backend, ks in by_backend.items():
+        whys = {k: k.unavailable() for k in ks}
+        if all(whys.values()):  # the whole backend cannot run: its first reason says why
+            status[backend] = (ks[0].note(), whys[ks[0]])
+            continue
+        # Some kernels can run: the note names those that cannot.
+        partial = "; ".join(f"{k.op} {k.name} unavailable: {why}" for k, why in whys.items() if why)
+        status[backend] = ("; ".join(filter(None, [ks[0].note(), partial])), None)
+    return status
+
+
+def invocation(config) -> str:
+    return "pytest " + " ".join(shlex.quote(a) for a in config.invocation_params.args)
+
+
+def environment() -> dict:
+    import importlib.metadata as md
+
+    def version(pkg):
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return None
+
+    env = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": version("triton"),
+        "tilelang": version("tilelang"),
+        "apex": version("apex"),
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+        # What a reproduce command must set again (harness.report.repro_command).
+        "repro_env": {k: os.environ[k] for k in REPRO_ENV if os.environ.get(k)},
+    }
+    # A copy of the tree run elsewhere (the GPU machine) may carry stale git metadata: the
+    # runner then names the commit it copied.
+    if os.environ.get("NORMDIFF_COMMIT"):
+        env["commit"] = os.environ["NORMDIFF_COMMIT"]
+        return _with_driver(env)
+    try:
+        env["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+            cwd=Path(__file__).parent,
+        ).stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=Path(__file__).parent).stdout.strip()
+        if env["commit"] and dirty:
+            env["commit"] += " (with uncommitted changes)"
+    except (OSError, subprocess.SubprocessError):
+        env["commit"] = None
+    return _with_driver(env)
+
+def _with_driver(env: dict) -> dict:
+    if torch.cuda.is_available():
+        try:
+            env["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20,
+            ).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            env["driver"] = None
+    return env
+
