@@ -322,8 +322,9 @@ class BenchContext:
         doc["normdiff"]["final"] = final
         from harness.report.benchmark import write_all
 
-        report_dir = Path(config.getoption("report_dir") or Path(config.rootpath) / "reports")
-        self.written = write_all(doc, report_dir)
+        directory = run.report_dir(config, "bench")
+        self.written = write_all(doc, directory)
+        run.point_latest(config, directory)
         self._last_write = time.time()
 
 

@@ -19,8 +19,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Plug-ins shipped as examples: loaded when present, so their status shows with the built-ins.
-KNOWN_PLUGINS = {"liger": ROOT / "examples" / "liger_backend.py"}
 TILELANG_PIN = "0.1.15"
 
 
@@ -129,6 +127,8 @@ def backends(files=()) -> list[dict]:
     from harness.runner import device_for
     from impls import registry
 
+    # Plug-ins shipped as examples: loaded when present, so their status shows with the built-ins.
+    KNOWN_PLUGINS = {name: ROOT / path for name, path in registry.KNOWN_PLUGINS.items()}
     registry.load_all([*files, *(str(p) for p in KNOWN_PLUGINS.values() if p.is_file())])
     plugins = {name: str(p.relative_to(ROOT)) for name, p in KNOWN_PLUGINS.items()}
     rows = []

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness import compare, isolation, scheduling
-from harness.run import backend_status, environment, invocation, split_names, write_partial
+from harness.run import backend_status, environment, invocation, point_latest, report_dir, split_names, write_partial
 from harness.cases import DTYPES, Case, catalogue
 from harness.report import add_agreement_cell
 from harness.runner import CheckResult, OracleCache, device_for
@@ -27,8 +27,7 @@ STATE = pytest.StashKey["HarnessState"]()
 
 def pytest_addoption(parser):
     group = parser.getgroup("normdiff")
-    group.addoption("--backend", default="all",
-                    help="all, or a comma-separated list of backend names or glob patterns ('my_*')")
+    group.addoption("--backend", default="all", help=backend_help())
     group.addoption(
         "--backend-file", action="append", default=[], metavar="PATH",
         help="a Python file that registers kernels of an outside backend (repeatable)",
@@ -43,9 +42,22 @@ def pytest_addoption(parser):
         "--fuzz-seed", type=int, default=0,
         help="seed of the hypothesis-drawn cases (fixed, so a run repeats; change it to explore)",
     )
-    group.addoption("--report-dir", default=None, help="where correctness.md/.json go (default: reports/)")
+    group.addoption("--report-dir", default=None,
+                    help="where the report goes (default: a folder of its own under reports/runs/, "
+                         "with reports/latest pointing to it)")
     group.addoption("--no-report", action="store_true", help="do not write the correctness report")
     isolation.addoption(group)
+
+
+def backend_help() -> str:
+    try:
+        registry.load_builtins()
+        names = ", ".join(registry.backends())
+    except Exception as exc:  # help must show even where a backend module cannot import
+        names = f"(not listed: {type(exc).__name__})"
+    plugins = ", ".join(f"{n} (--backend-file {p})" for n, p in registry.KNOWN_PLUGINS.items())
+    return (f"all (the default), or a comma-separated list of backend names or glob patterns ('my_*'). "
+            f"Built in: {names}; plug-ins: {plugins}, or any file that registers kernels")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -124,8 +136,9 @@ class HarnessState:
             elapsed=time.time() - self.started,
         )
         doc["progress"] = {"final": final, "ran": ran, "collected": len(self.records)}
-        report_dir = config.getoption("report_dir") or str(Path(config.rootpath) / "reports")
-        config._normdiff_report = write_report(doc, Path(report_dir))  # noqa: SLF001 (terminal summary)
+        directory = report_dir(config, "checks")
+        config._normdiff_report = write_report(doc, directory)  # noqa: SLF001 (terminal summary)
+        point_latest(config, directory)
         self._last_write = time.time()
 
     def record_agreement(self, result: CheckResult) -> list[tuple]:
@@ -155,6 +168,7 @@ class HarnessState:
 
     # Registered as a plugin object, so pytest calls these hooks too.
     def pytest_collection_modifyitems(self, items):
+        self.deselect_unselected(items)
         for item in items:
             params = getattr(item, "callspec", None)
             case = kernel = None
@@ -210,6 +224,25 @@ class HarnessState:
             why = self.watch.banned(rec["kernel"])
             if why:
                 pytest.skip(why)
+
+    def deselect_unselected(self, items) -> None:
+        """What this run does not select is deselected, not skipped: a parametrisation left empty
+        by the selection (e.g. no kernel of a backend-specific check), the benchmarks in a run of
+        checks (--benchmark-skip) and the checks in a run of benchmarks (--benchmark-only)."""
+        bench_only = self.config.getoption("benchmark_only", False)
+        bench_skip = self.config.getoption("benchmark_skip", False) and not bench_only
+
+        def unselected(item) -> bool:
+            skip = item.get_closest_marker("skip")
+            if skip and str(skip.kwargs.get("reason", "")).startswith("got empty parameter set"):
+                return True
+            is_bench = "benchmark" in getattr(item, "fixturenames", ())
+            return (bench_only and not is_bench) or (bench_skip and is_bench)
+
+        drop = [i for i in items if unselected(i)]
+        if drop:
+            self.config.hook.pytest_deselected(items=drop)
+            items[:] = [i for i in items if not unselected(i)]
 
     def pytest_deselected(self, items):  # -k, -m: not part of this run
         for item in items:

@@ -34,6 +34,38 @@ def write_partial(owner) -> None:
         warnings.warn(f"partial report not written: {type(exc).__name__}: {exc}")
 
 
+def report_dir(config, kind: str) -> Path:
+    """Where this run's report goes: ``--report-dir``, else a folder of its own,
+    ``reports/runs/<date-time>-<kind>-<selection>/``, which ``reports/latest`` then points to,
+    so one run never overwrites another (``python -m harness.report --compare A B``)."""
+    chosen = config.getoption("report_dir")
+    if chosen:
+        return Path(chosen)
+    if not hasattr(config, "_normdiff_run_dir"):
+        sel = [config.getoption(o) for o in ("backend", "op", "dtype")] + [config.getoption("profile") or ""]
+        shard = config.getoption("shard")
+        words = [kind, *(v for v in sel if v and v != "all"), *([f"shard{shard.replace('/', 'of')}"] if shard else [])]
+        slug = "-".join(words).replace(",", "+").replace("*", "x")
+        slug = "".join(c if c.isalnum() or c in "+-_." else "_" for c in slug)[:80]
+        name = time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + slug
+        config._normdiff_run_dir = Path(config.rootpath) / "reports" / "runs" / name  # noqa: SLF001
+    return config._normdiff_run_dir  # noqa: SLF001
+
+
+def point_latest(config, directory: Path) -> None:
+    """``reports/latest`` -> the run folder just written (only for run folders, not --report-dir)."""
+    if config.getoption("report_dir"):
+        return
+    latest = Path(config.rootpath) / "reports" / "latest"
+    tmp = latest.with_name(".latest.tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(directory.relative_to(latest.parent))
+        os.replace(tmp, latest)
+    except OSError as exc:  # a file system without links: the summary still names the folder
+        warnings.warn(f"reports/latest not updated: {exc}")
+
+
 def split_names(value: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...] | None:
     if value == "all":
         return None
@@ -41,7 +73,11 @@ def split_names(value: str, allowed: tuple[str, ...] | None, what: str) -> tuple
     if allowed is not None:
         bad = [n for n in names if n not in allowed]
         if bad:
-            raise pytest.UsageError(f"unknown {what} {', '.join(bad)}; expected all or {', '.join(allowed)}")
+            from impls.registry import KNOWN_PLUGINS
+
+            hints = [f"{n} is a plug-in: add --backend-file {KNOWN_PLUGINS[n]}" for n in bad if n in KNOWN_PLUGINS]
+            raise pytest.UsageError(f"unknown {what} {', '.join(bad)}; expected all or {', '.join(allowed)}"
+                                    + "".join(f"; {h}" for h in hints))
     return names
 
 

@@ -102,10 +102,7 @@ def scopes(ids: list[str], records: dict, cases: dict, kernels: dict, device_for
     for nid in ids:
         if nid in out:
             continue
-        rec = records.get(nid)
-        if rec and rec.get("test") != "test_fuzz" and rec.get("kernel"):
-            out[nid] = f"kernel {rec['op']} {rec['kernel']} {rec['test']}"  # cheap checks of one kernel
-        elif nid.startswith("harness/"):
+        if nid.startswith("harness/"):
             out[nid] = nid  # independent: spread
         else:
             out[nid] = nid.rsplit("::", 1)[0]  # the framework's tests: by module, as xdist's loadscope

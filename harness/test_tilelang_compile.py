@@ -12,6 +12,8 @@ import time
 import pytest
 import torch
 
+from harness.plugin import STATE
+
 from impls.base import cuda_present, dtype_name
 
 # (variant, dtype, N, affine, M): affine is "weight" / "none" for RMSNorm, "weight_bias" / "weight" /
@@ -48,17 +50,20 @@ def _shapes() -> list[tuple[str, torch.dtype, int, str, int | None]]:
 SHAPES = _shapes()
 
 
-def _tilelang_selected(state) -> bool:
-    return any(k.backend == "tilelang" for k in state.kernels)
+def pytest_generate_tests(metafunc):
+    """One check per shape of each selected TileLang kernel (none when tilelang is not selected:
+    the plugin then deselects the empty set, it is not a skip)."""
+    if "compile_case" not in metafunc.fixturenames:
+        return
+    selected = {k.variant: k for k in metafunc.config.stash[STATE].kernels if k.backend == "tilelang"}
+    params = [(selected[v], d, n, a, m) for v, d, n, a, m in SHAPES if v in selected]
+    metafunc.parametrize("compile_case", params, ids=[
+        f"{k.variant}-{dtype_name(d)}-{n}-{a}" + ("-decode" if m else "") for k, d, n, a, m in params])
 
 
-@pytest.mark.parametrize(
-    "variant,dtype,n,affine,m", SHAPES,
-    ids=[f"{v}-{dtype_name(d)}-{n}-{a}" + ("-decode" if m else "") for v, d, n, a, m in SHAPES]
-)
-def test_compiles_for_sm90(variant, dtype, n, affine, m, harness_state, request):
-    if not _tilelang_selected(harness_state):
-        pytest.skip("the tilelang backend is not selected (--backend)")
+def test_compiles_for_sm90(compile_case, harness_state, request):
+    kernel, dtype, n, affine, m = compile_case
+    variant = kernel.variant
     from impls.tilelang import _compile
     from impls.tilelang._plan import choose_vec, make_plan
 

@@ -281,3 +281,19 @@ def test_arena_places_a_shape_at_the_same_addresses_every_time():
     big = bench.BenchShape("rms_norm", "float32", 4096, 4096, "bandwidth")
     assert arena.views(big)["x"].shape == (4096, 4096)  # a shape it was not sized for: it grows
     assert arena.buf.numel() >= bench.Arena.layout(big)[1]
+
+
+def test_a_cpu_run_is_a_smoke_run_with_no_ranking():
+    import copy
+    import json
+    from pathlib import Path
+
+    from harness.report.benchmark import render_markdown
+
+    doc = json.loads((Path(__file__).parent / "data" / "benchmark_sample.json").read_text())
+    cpu = copy.deepcopy(doc)
+    for b in cpu["benchmarks"]:
+        b["extra_info"]["device"] = "CPU (x86_64, 2 threads)"
+    md = render_markdown(cpu)
+    assert "CPU smoke run" in md and md.count("★") == 1 and "Speed targets" not in md  # the one in the banner
+    assert "★" in render_markdown(doc)  # a GPU run is ranked

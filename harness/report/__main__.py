@@ -1,7 +1,9 @@
-"""Render the markdown report again from its JSON, or merge the reports of runs made side by side:
+"""Render the markdown report again from its JSON, merge the reports of shards or of runs made
+side by side, or compare two runs:
 
-    python -m harness.report reports/correctness.json
-    python -m harness.report run1/correctness.json run2/correctness.json --out reports/h200
+    python -m harness.report reports/latest/correctness.json
+    python -m harness.report shard1/correctness.json shard2/correctness.json --out reports/merged
+    python -m harness.report --compare reports/runs/A reports/runs/B   # run folders or JSON files
 """
 import argparse
 import json
@@ -13,10 +15,22 @@ from harness.report import atomic_write, merge_documents, render_markdown, write
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("json", type=Path, nargs="+", help="correctness.json written by pytest harness")
+    parser.add_argument("json", type=Path, nargs="*", help="correctness.json written by pytest harness")
+    parser.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"),
+                        help="what changed from run A to run B (run folders, or their JSON files)")
     parser.add_argument("-o", "--output", type=Path, help="markdown path for one JSON (default: beside it, .md)")
     parser.add_argument("--out", type=Path, help="directory for the merged correctness.md and .json")
     args = parser.parse_args(argv)
+    if args.compare:
+        from harness.report.compare import main as compare
+
+        text, _ = compare(*args.compare)
+        if args.output:
+            atomic_write(args.output, text + "\n")
+        print(text)
+        return 0
+    if not args.json:
+        parser.error("give a correctness.json, several to merge, or --compare A B")
     docs = [json.loads(p.read_text()) for p in args.json]
     if len(docs) > 1 or args.out:
         if not args.out:
