@@ -32,7 +32,6 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch

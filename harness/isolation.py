@@ -168,6 +168,7 @@ class CallWatch:
         self.compile_timeout = config.getoption("compile_timeout")
         self.worker = worker_id(config)
         self.nodeid: str | None = None
+        self.item_compiles = 0  # calls of the running test that compiled first
         self.compiled: set = set()
         self.note_path = self.fault = None
         if self.worker:
@@ -199,6 +200,7 @@ class CallWatch:
             faulthandler.enable(file=self.fault)
             self._enabled = True
         self.nodeid = nodeid
+        self.item_compiles = 0
         self.note(phase="test")
         self._arm(self.item_limit())
 
@@ -240,6 +242,7 @@ class CallWatch:
             self._arm(self.item_limit())
         if compiling:
             self.compiled.add((kernel.name, key))
+            self.item_compiles += 1
         self.note(phase="test")
 
     def crash(self, kernel, case, error: str) -> None:

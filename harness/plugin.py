@@ -17,6 +17,7 @@ import torch
 from harness import compare, isolation, scheduling
 from harness.run import backend_status, environment, invocation, point_latest, report_dir, split_names, write_partial
 from harness.cases import DTYPES, Case, catalogue
+from harness.progress import Progress
 from harness.report import add_agreement_cell
 from harness.runner import CheckResult, OracleCache, device_for
 from impls import registry
@@ -46,6 +47,8 @@ def pytest_addoption(parser):
                     help="where the report goes (default: a folder of its own under reports/runs/, "
                          "with reports/latest pointing to it)")
     group.addoption("--no-report", action="store_true", help="do not write the correctness report")
+    group.addoption("--progress-every", type=float, default=20.0, metavar="S",
+                    help="seconds between progress lines (checks done per backend, time left)")
     isolation.addoption(group)
 
 
@@ -210,6 +213,11 @@ class HarnessState:
     def pytest_sessionstart(self, session):
         self.session = session
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_makereport(self, item, call):
+        # How many of this check's kernel calls compiled first (harness.progress counts them).
+        if call.when == "call" and self.watch is not None and self.watch.item_compiles:
+            item.user_properties.append(("normdiff", {"compiled": self.watch.item_compiles}))
     def pytest_runtest_logstart(self, nodeid, location):
         if self.watch is not None:
             self.watch.start_item(nodeid)
@@ -320,6 +328,8 @@ def pytest_configure(config):
     state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config)
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normdiff-state")
+    if not isolation.worker_id(config) and not config.getoption("benchmark_only", False):
+        config.pluginmanager.register(Progress(config, state), "normdiff-progress")
     if getattr(config, "_normdiff_schedule", False) and not isolation.worker_id(config):
         state.controller = isolation.Controller(config, state)
         config.pluginmanager.register(state.controller, "normdiff-controller")

@@ -101,3 +101,11 @@ def test_speed_moves_are_judged_against_the_runs_own_repeatability():
         d["benchmarks"] = [b for b in d["benchmarks"] if b["extra_info"].get("repeat", 0) == 0]
     result = compare.compare_speed(base, slower)
     assert "default threshold" in result["how"] and {m[0] for m in result["moved"]} == {kernels[0]}
+
+
+def test_progress_lines_are_plain_text_a_ci_log_can_read(tmp_path):
+    proc = pytest_run("harness/test_differential.py", "--backend", "torch", "--op", "rms_norm", "--dtype", "bfloat16",
+                      "--profile", "quick", "--progress-every", "0", "-n", "0", f"--report-dir={tmp_path}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[normdiff ")]
+    assert lines and "\x1b" not in proc.stdout
+    assert re.search(r"\] 66/66 checks \| torch 66/66 done", lines[-1]), lines[-1]

@@ -1,0 +1,57 @@
+"""Progress a person can read during a long run, through pytest's terminal reporter: every
+PROGRESS_S seconds one line with the checks done of those collected, per backend, the compile
+checks and the first calls that compiled, the elapsed time and an estimate of what remains.
+Plain lines, so a CI log without a terminal reads the same."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+PROGRESS_S = 20.0
+
+
+class Progress:
+    def __init__(self, config, state):
+        self.config, self.state = config, state
+        self.started = time.time()
+        self.last = self.started
+        self.every = config.getoption("progress_every")
+        self.done: Counter = Counter()
+        self.compiles = 0
+
+    def total(self) -> Counter:
+        return Counter(self.phase(r) for r in self.state.records.values())
+
+    @staticmethod
+    def phase(rec: dict) -> str:
+        return "compile" if "compile" in rec.get("test", "") else rec.get("backend", "?")
+
+    def pytest_runtest_logreport(self, report):
+        rec = self.state.records.get(report.nodeid)
+        if rec is None or not (report.when == "call" or (report.when == "setup" and not report.passed)
+                               or report.when == "???"):
+            return
+        self.done[self.phase(rec)] += 1
+        for name, value in report.user_properties if report.when == "call" else ():
+            if name == "normdiff" and value.get("compiled"):
+                self.compiles += value["compiled"]
+        if time.time() - self.last >= self.every:
+            self.write()
+
+    def line(self) -> str:
+        total = self.total()
+        done, all_ = sum(self.done.values()), sum(total.values())
+        elapsed = time.time() - self.started
+        eta = f", about {elapsed / done * (all_ - done):.0f} s left" if done and all_ > done else ""
+        parts = [f"{p} {self.done[p]}/{n}" + (" done" if self.done[p] >= n else "")
+                 for p, n in sorted(total.items(), key=lambda x: (x[0] == "compile", x[0]))]
+        return (f"[normdiff {elapsed:.0f} s] {done}/{all_} checks{eta} | " + " | ".join(parts)
+                + (f" | first calls that compiled: {self.compiles}" if self.compiles else ""))
+
+    def write(self) -> None:
+        self.last = time.time()
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None or not self.state.records:
+            return
+        tr.ensure_newline()
+        tr.write_line(self.line())
