@@ -58,9 +58,13 @@ def test_failure_is_reported_with_a_working_reproduction(tmp_path):
     # The report's command reproduces the failure on its own.
     from harness.report import repro_command
     cmd = shlex.split(repro_command(doc, first))
-    assert cmd[0] == "pytest"
+    # Leading NAME=value words are the environment the run depended on (TRITON_INTERPRET on CPU).
+    prefix = [w.split("=", 1) for w in cmd[:cmd.index("pytest")]]
+    assert all(len(kv) == 2 and kv[0].isupper() for kv in prefix), cmd
+    cmd = cmd[len(prefix):]
     again = subprocess.run([sys.executable, "-m", *cmd, "-q", "--report-dir", str(tmp_path / "again")], cwd=ROOT,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
+                           env={**os.environ, **dict(prefix), "PYTHONPATH": str(ROOT)},
+                           capture_output=True, text=True, timeout=600)
     assert again.returncode == 1 and "1 failed" in again.stdout, again.stdout[-3000:]
 
 
