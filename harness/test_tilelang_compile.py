@@ -27,7 +27,7 @@ def _full(variant: str) -> str:
 
 
 def _shapes() -> list[tuple[str, torch.dtype, int, str, int | None]]:
-    from impls.tilelang._plan import DECODE_TUNED
+    from impls.tilelang.plan import DECODE_TUNED
 
     shapes = []
     for v in VARIANTS:
@@ -64,23 +64,23 @@ def pytest_generate_tests(metafunc):
 def test_compiles_for_sm90(compile_case, harness_state, request):
     kernel, dtype, n, affine, m = compile_case
     variant = kernel.variant
-    from impls.tilelang import _compile
-    from impls.tilelang._plan import choose_vec, make_plan
+    from impls.tilelang import compiler
+    from impls.tilelang.plan import choose_vec, make_plan
 
-    tl, why = _compile.tilelang_module()
+    tl, why = compiler.tilelang_module()
     if tl is None:
         pytest.skip(why)
-    if _compile.nvcc_path() is None:
+    if compiler.nvcc_path() is None:
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
     plan = make_plan(variant, dtype, n, affine != "none", affine == "weight_bias", choose_vec(dtype, n), m=m)
     t0 = time.perf_counter()
-    compiled = _compile.compile_plan(plan, _compile.SM90)
+    compiled = compiler.compile_plan(plan, compiler.SM90)
     seconds = time.perf_counter() - t0
-    report = _compile.ptxas_report(compiled)
+    report = compiler.ptxas_report(compiled)
     request.node.user_properties.append(("normdiff_compiled", {
         "backend": "tilelang", "kernel": f"tilelang.{variant}", "dtype": dtype_name(dtype), "n": n,
         "affine": affine, "vec": plan.vec, "threads": plan.threads, "seconds": round(seconds, 2),
-        "executed": cuda_present() and _compile.default_target() == _compile.SM90,
+        "executed": cuda_present() and compiler.default_target() == compiler.SM90,
         **report.to_dict(),
     }))
     assert report.sass_arch == "sm_90", f"the cubin is not sm_90 SASS (ELF says {report.sass_arch})"

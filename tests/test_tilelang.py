@@ -16,8 +16,8 @@ from harness import runner
 from harness.cases import Case
 from impls import registry
 from impls.base import NormSpec, cuda_present
-from impls.tilelang import _compile
-from impls.tilelang._plan import choose_vec, make_plan
+from impls.tilelang import compiler
+from impls.tilelang.plan import choose_vec, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = cuda_present()
@@ -25,10 +25,10 @@ NO_GPU = "no CUDA device: the kernel cannot execute here (checked in its source 
 
 
 def _need_compiler():
-    tl, why = _compile.tilelang_module()
+    tl, why = compiler.tilelang_module()
     if tl is None:
         pytest.skip(why)
-    if _compile.nvcc_path() is None:
+    if compiler.nvcc_path() is None:
         pytest.skip("nvcc not found: TileLang cannot compile CUDA kernels here")
 
 
@@ -44,7 +44,7 @@ def _spec(op="rms_norm", n=4000, rows=3, dtype=torch.bfloat16, stride=None):
 
 def _source(variant, n, dtype=torch.bfloat16, weight=True):
     plan = make_plan(variant, dtype, n, weight, weight and variant == "layer_norm_fwd", choose_vec(dtype, n))
-    return _compile.compile_plan(plan, _compile.SM90).source()
+    return compiler.compile_plan(plan, compiler.SM90).source()
 
 
 # -- registration and capability ----------------------------------------------------------------
@@ -61,7 +61,7 @@ def test_import_is_cheap_and_does_not_import_tilelang():
 
 
 def test_few_rows_get_the_decode_plan_and_many_rows_the_bandwidth_plan():
-    from impls.tilelang._plan import DECODE_MAX_ROWS, DECODE_TUNED
+    from impls.tilelang.plan import DECODE_MAX_ROWS, DECODE_TUNED
 
     for (variant, itemsize, n), threads in DECODE_TUNED.items():
         dtype = torch.bfloat16 if itemsize == 2 else torch.float32
@@ -90,7 +90,7 @@ def test_rows_beyond_register_capacity_are_refused_with_the_kernel_that_takes_th
 
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present: the kernels run here")
 def test_without_a_gpu_every_case_is_skipped_as_compiled_not_executed():
-    if _compile.tilelang_module()[0] is None:
+    if compiler.tilelang_module()[0] is None:
         pytest.skip("tilelang not importable")
     reason = "compiled for sm_90, not executed: no CUDA device"
     for op, variant in (("rms_norm", "fragment"), ("rms_norm", "splitk"), ("rms_norm", "naive_row_per_block"),
@@ -102,8 +102,8 @@ def test_without_a_gpu_every_case_is_skipped_as_compiled_not_executed():
 
 
 def test_missing_tilelang_is_named_with_the_install_command(monkeypatch):
-    monkeypatch.setattr(_compile, "tilelang_module", lambda: (None, "tilelang not importable: ImportError: x; "
-                                                                    + _compile.INSTALL_HINT))
+    monkeypatch.setattr(compiler, "tilelang_module", lambda: (None, "tilelang not importable: ImportError: x; "
+                                                                    + compiler.INSTALL_HINT))
     why = _kernel("rms_norm", "fragment").unsupported(_spec())
     assert why.startswith("tilelang not importable: ImportError") and "pip install 'normdiff[tilelang]'" in why
 
@@ -112,11 +112,11 @@ def test_missing_tilelang_is_named_with_the_install_command(monkeypatch):
 def test_compile_cache_is_per_plan_not_per_rows():
     _need_compiler()
     kernel = _kernel("rms_norm", "fragment")
-    before = _compile.COMPILE_COUNT
+    before = compiler.COMPILE_COUNT
     kernel.prepare(_spec(n=1000, rows=3, dtype=torch.float16))
     kernel.prepare(_spec(n=1000, rows=1025, dtype=torch.float16))
     kernel.prepare(_spec(n=1000, rows=17, dtype=torch.float16, stride=1064))  # strided rows: same vec
-    assert _compile.COMPILE_COUNT - before <= 1
+    assert compiler.COMPILE_COUNT - before <= 1
     # The launch plan of a call does not depend on M either (CPU tensors suffice to plan).
     plans = set()
     for m in (1, 3, 1025):
@@ -148,7 +148,7 @@ def _reduce_program(clear: bool):
 def test_reduce_sum_clear_flag(clear):
     _need_compiler()
     plan = make_plan("fragment", torch.float32, 128, False, False, 4)
-    kernel = _compile.compile_program(_reduce_program(clear), plan, _compile.default_target(), what="reduce_sum probe")
+    kernel = compiler.compile_program(_reduce_program(clear), plan, compiler.default_target(), what="reduce_sum probe")
     src = kernel.get_kernel_source()
     body = src[src.index("main_kernel("):]
     seven = body.index("s[0] = 0x1.cp+2f")  # the destination's initial 7.0
@@ -263,8 +263,8 @@ def test_layout_failure_is_a_clear_error(program):
     _need_compiler()
     plan = make_plan("fragment", torch.bfloat16, 4000, True, False, 8)
     prog = _conflicting_program() if program == "reduce_conflict" else _plain_fragment_program(4000)
-    with pytest.raises(_compile.TileLangCompileError) as info:
-        _compile.compile_program(prog, plan, _compile.SM90)
+    with pytest.raises(compiler.TileLangCompileError) as info:
+        compiler.compile_program(prog, plan, compiler.SM90)
     msg = str(info.value)
     assert msg.startswith("tilelang.fragment bfloat16 N=4000"), msg  # names kernel, dtype and N
     assert "layout" in msg and "tilelang.splitk" in msg  # says what failed and what to use

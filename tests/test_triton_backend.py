@@ -6,9 +6,10 @@ import torch
 import impls.triton as tri
 from impls.base import UnsupportedCase
 from impls.reference import reference
-from impls.triton._launch import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, LOOPED_MAXNREG, LOOPED_TUNED, LOOPED_TUNED_FLOAT16,
-                                  ROWWISE_ONE_ROW, SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig, launch_config,
-                                  looped_block, next_pow2, split_config)
+from impls.triton.settings import (DECODE_MAX_ROWS, LOOPED_MAX_BLOCK, LOOPED_MAXNREG, LOOPED_TUNED, LOOPED_TUNED_FLOAT16,
+                                   ROWWISE_ONE_ROW, SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig, launch_config,
+                                   looped_block, split_config)
+from impls.gpu_limits import next_pow2
 
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -226,7 +227,7 @@ def test_split_leaves_its_workspace_zero_and_repeats_bit_for_bit(op):
     """More rows than groups (each group loops), several launches on two streams: every launch
     must start from zeroed exchange words, or a stale tag would let a program read an old partial."""
     from impls import registry
-    from impls.triton._launch import _WORKSPACE
+    from impls.triton._split import _WORKSPACE
 
     kernel = registry.get(op, "triton", "split")
     x = torch.randn(3000, 20000, device="cuda", dtype=torch.bfloat16) * 3 + 100

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_blocks_per_sm_counts_registers_in_eights():
-    from impls.triton._launch import blocks_per_sm
+    from impls.gpu_limits import blocks_per_sm
 
     assert blocks_per_sm(64, 16) == 2
     assert blocks_per_sm(65, 16) == 1  # 72 allocated: 36864 of 65536 a block of 512 threads
@@ -29,7 +29,7 @@ def test_blocks_per_sm_counts_registers_in_eights():
 def _run(tmp_path, *args):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "r.json"
-    subprocess.run([sys.executable, str(ROOT / "tools" / "triton_resources.py"), *args, "--json", str(out)],
+    subprocess.run([sys.executable, "-m", "tools.triton_resources", *args, "--json", str(out)],
                    check=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return json.loads(out.read_text())
 
@@ -51,6 +51,6 @@ def test_the_rowwise_form_chosen_holds_the_most_blocks_where_it_was_measured(tmp
 
 def test_the_interpreter_is_refused_with_the_reason():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "triton_resources.py")], cwd=ROOT, env=env,
+    r = subprocess.run([sys.executable, "-m", "tools.triton_resources"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "TRITON_INTERPRET=1" in r.stderr

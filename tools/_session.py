@@ -1,18 +1,16 @@
 """What the GPU tools here share: the start of a timing session, and the JSON they leave.
-Imported by the scripts beside it (``python tools/<script>.py`` puts this folder on the path)."""
+Imported by the tools beside it, each run as ``python -m tools.<name>``."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from harness import timing  # noqa: E402
-from impls import registry  # noqa: E402
+from harness import timing
+from impls import registry
 
 
 def start() -> tuple[timing.GpuTools, float]:

@@ -3,7 +3,7 @@
 #   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers);
 #                                 the framework's tests
 #   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep, bandwidth part twice), README shapes
-#   tools/gpu_run.sh sweep OUT [ARGS]   the Triton launch-setting sweep (tools/triton_sweep.py ARGS)
+#   tools/gpu_run.sh sweep OUT [ARGS]   the Triton launch-setting sweep (python -m tools.triton_sweep ARGS)
 # The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
 # TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
 # wherever APEX_LIB points. The checks are one pytest run whose xdist workers share the GPU and
@@ -39,7 +39,7 @@ bench)
   ;;
 sweep)
   # Any further arguments go to the sweep, e.g. `--variants looped,rowwise --dtypes float16`.
-  timeout 300 python tools/triton_sweep.py "${@:3}" --json "$out/triton-sweep.json" > "$out/triton-sweep.log" 2>&1
+  timeout 300 python -m tools.triton_sweep "${@:3}" --json "$out/triton-sweep.json" > "$out/triton-sweep.log" 2>&1
   tail -n 80 "$out/triton-sweep.log"
   ;;
 *) echo "usage: tools/gpu_run.sh checks|bench|sweep OUT [sweep arguments]" >&2; exit 2 ;;

@@ -1,8 +1,8 @@
-"""Offline sweep of the TileLang plans on a GPU: the evidence behind ``impls.tilelang._plan``
+"""Offline sweep of the TileLang plans on a GPU: the evidence behind ``impls.tilelang.plan``
 (see docs/perf-notes.md).
 
-    python tools/tilelang_sweep.py --json sweep.json                 # bandwidth shapes
-    python tools/tilelang_sweep.py --ms 1,64 --ns 4096,8192 --json decode.json
+    python -m tools.tilelang_sweep --json sweep.json                 # bandwidth shapes
+    python -m tools.tilelang_sweep --ms 1,64 --ns 4096,8192 --json decode.json
 
 For each variant (fragment, layer_norm_fwd), dtype and N it times every plan of ``candidates()``
 (threads per row, and the launch bound ``min_blocks``) on M = max(16384, 2**26 / N) rows with
@@ -19,20 +19,16 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import _session
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-
-from harness import timing  # noqa: E402
-from harness.bench import bandwidth_rows  # noqa: E402
-from harness.cases import DTYPES  # noqa: E402
-from impls import registry  # noqa: E402
-from impls.tilelang import _compile  # noqa: E402
-from impls.tilelang._plan import choose_vec, make_plan, vectors_per_thread  # noqa: E402
+from harness import timing
+from harness.bench import bandwidth_rows
+from harness.cases import DTYPES
+from impls import registry
+from tools import _session
+from impls.tilelang import compiler
+from impls.tilelang.plan import choose_vec, make_plan, vectors_per_thread
 
 OPS = {"fragment": "rms_norm", "layer_norm_fwd": "layer_norm"}
 NS = (4000, 5120, 12288, 16384, 32768)
@@ -88,13 +84,13 @@ def main(argv=None) -> int:
         i, k = map(int, args.compile_part.split("/"))
         for plan in plans[i::k]:
             try:
-                _compile.compile_plan(plan)
-            except _compile.TileLangCompileError as exc:
+                compiler.compile_plan(plan)
+            except compiler.TileLangCompileError as exc:
                 print(f"compile failed: {exc}", flush=True)
         return 0
 
     t0 = time.time()
-    base = [sys.executable, __file__, "--variants", args.variants, "--dtypes", args.dtypes, "--ns", args.ns]
+    base = [sys.executable, "-m", "tools.tilelang_sweep", "--variants", args.variants, "--dtypes", args.dtypes, "--ns", args.ns]
     base += ["--rule-bound-only"] if args.rule_bound_only else []
     workers = [subprocess.Popen(base + ["--compile-part", f"{i}/{args.jobs}"]) for i in range(args.jobs)]
     failed = sum(w.wait() != 0 for w in workers)
@@ -119,8 +115,8 @@ def main(argv=None) -> int:
                 held = ((op, plan.dtype, plan.n, m), x, w, b, kernel.allocate(x), ref)
             _, x, w, b, out, ref = held
             try:
-                _compile.compile_plan(plan)
-            except _compile.TileLangCompileError as exc:
+                compiler.compile_plan(plan)
+            except compiler.TileLangCompileError as exc:
                 print(f"{plan.describe()}: {exc}", flush=True)
                 continue
             fn = lambda: kernel._run(plan, x, w, b, 1e-6, out, with_bias=op == "layer_norm")  # noqa: E731
@@ -144,9 +140,9 @@ def main(argv=None) -> int:
                   f"{us:8.2f} us {gbps:6.0f} GB/s {r['pct']:5.1f}%" + ("" if ok else f"  WRONG (max err {err:.3g})")
                   + (" <- rule" if r["rule"] else ""), flush=True)
             if args.json and len(results) % 50 == 0:  # a run cut short still leaves its results
-                _session.write_json(args.json, ceiling, results, tilelang=_compile.version())
+                _session.write_json(args.json, ceiling, results, tilelang=compiler.version())
     if args.json:
-        _session.write_json(args.json, ceiling, results, tilelang=_compile.version())
+        _session.write_json(args.json, ceiling, results, tilelang=compiler.version())
     return 0
 
 

@@ -7,8 +7,8 @@ took 82 registers (one block of 512 threads per SM) where the tile form took 64 
 measured 58.9% of copy against 92.7%; a cap of 64 registers gave it 92.7% back
 (docs/perf-notes.md, item 31). Read this before timing a launch setting.
 
-    python tools/triton_resources.py --op layer_norm --dtype bfloat16 --ns 8192,16384
-    python tools/triton_resources.py --op rms_norm --dtype float32 --ns 12288 --forms
+    python -m tools.triton_resources --op layer_norm --dtype bfloat16 --ns 8192,16384
+    python -m tools.triton_resources --op rms_norm --dtype float32 --ns 12288 --forms
 
 Rows: M only picks the launch rule (decode at M <= 128); up to 256 rows are allocated (on the
 CPU, never touched). The split variant is left out: its launcher asks the GPU how many programs
@@ -23,13 +23,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
+from impls.gpu_limits import blocks_per_sm
 
 SM90 = ("cuda", 90, 32)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -82,8 +81,8 @@ def resources(op: str, variant: str, dtype: torch.dtype, n: int, m: int = 16384,
     """Compile what ``variant`` launches for M x N rows of ``dtype`` (its own launch setting, or
     ``cfg``) and read its resource usage. In a process whose impls.triton runs the interpreter
     this cannot compile: import triton before impls (main does)."""
+    import impls.triton  # noqa: F401  (registers its kernels)
     from impls import registry
-    from impls.triton import _launch
 
     if variant == "split":
         raise ValueError("the split variant's launch needs a GPU (it counts resident programs)")
@@ -92,22 +91,11 @@ def resources(op: str, variant: str, dtype: torch.dtype, n: int, m: int = 16384,
     x = torch.empty(rows, n, dtype=dtype)
     w = torch.empty(n, dtype=dtype)
     b = torch.empty(n, dtype=dtype) if op == "layer_norm" else None
-    cfg = cfg or kernel.config(n, dtype, m)
-    launches = []
-
-    def record(self, kernel_name, x, cfg, *args, grid=None, compile_only=False, **meta):
-        launches.append((kernel_name, args, self.launch_kwargs(x, cfg, **meta), cfg))
-
-    saved = _launch.TritonKernel.launch
-    _launch.TritonKernel.launch = record
-    try:
-        kernel._forward(x, w, b, 1e-6, kernel.allocate(x), cfg)
-    finally:
-        _launch.TritonKernel.launch = saved
-    (name, args, kwargs, cfg), = launches
+    launch, = kernel.launches(x, w, b, cfg=cfg or kernel.config(n, dtype, m))
+    name, args, kwargs, cfg = launch.kernel_name, launch.args, dict(launch.kwargs), launch.cfg
     if cfg.maxnreg:  # launch_kwargs drops the cap under the interpreter; compiling, keep it
         kwargs["maxnreg"] = cfg.maxnreg
-    compiled = compile_sm90(getattr(_launch.state().kernels, name), args, kwargs)
+    compiled = compile_sm90(launch.fn, args, kwargs)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -115,7 +103,7 @@ def resources(op: str, variant: str, dtype: torch.dtype, n: int, m: int = 16384,
                                check=True).stdout
     regs = int(re.search(r"REG:(\d+)", usage).group(1))
     stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-    return Resources(name, cfg, regs, stack, _launch.blocks_per_sm(regs, cfg.num_warps, compiled.metadata.shared))
+    return Resources(name, cfg, regs, stack, blocks_per_sm(regs, cfg.num_warps, compiled.metadata.shared))
 
 
 def main(argv=None) -> int:

@@ -1,8 +1,8 @@
 """Offline sweep of the Triton launch settings on a GPU: the evidence behind
-``impls.triton._launch.launch_config`` (see docs/perf-notes.md).
+``impls.triton.settings.launch_config`` (see docs/perf-notes.md).
 
-    python tools/triton_sweep.py --json sweep.json            # bf16 at every N, fp32 at some
-    python tools/triton_sweep.py --ms 1,8,64 --ns 4096,8192 --json decode.json   # decode settings
+    python -m tools.triton_sweep --json sweep.json            # bf16 at every N, fp32 at some
+    python -m tools.triton_sweep --ms 1,8,64 --ns 4096,8192 --json decode.json   # decode settings
 
 For each op, dtype, N and variant it times every launch setting of ``settings()`` (rows per
 program, warps, and for looped the chunk width) on M = max(16384, 2**26 / N) rows, cold L2,
@@ -18,19 +18,16 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import _session
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-
-from harness import timing  # noqa: E402
-from harness.bench import bandwidth_rows  # noqa: E402
-from harness.cases import DTYPES  # noqa: E402
-from impls import registry  # noqa: E402
-from impls.triton._launch import ROWWISE_MAX_N, SPLIT_MAX, LaunchConfig, next_pow2  # noqa: E402
+from harness import timing
+from harness.bench import bandwidth_rows
+from harness.cases import DTYPES
+from impls import registry
+from tools import _session
+from impls.gpu_limits import next_pow2
+from impls.triton.settings import ROWWISE_MAX_N, SPLIT_MAX, LaunchConfig
 
 NS = (1024, 2048, 4000, 4096, 5120, 8192, 12288, 16384, 32768, 65536, 131072, 262144)
 FP32_NS = (1024, 4096, 5120, 12288, 16384, 65536)
@@ -140,7 +137,7 @@ def main(argv=None) -> int:
         return 0
 
     t0 = time.time()
-    base = [sys.executable, __file__, "--dtypes", args.dtypes, "--ops", args.ops, "--ns", args.ns,
+    base = [sys.executable, "-m", "tools.triton_sweep", "--dtypes", args.dtypes, "--ops", args.ops, "--ns", args.ns,
             "--variants", args.variants, "--fp32-ns", args.fp32_ns] + (["--ms", args.ms] if args.ms else [])
     workers = [subprocess.Popen(base + ["--compile-part", f"{i}/{args.jobs}"]) for i in range(args.jobs)]
     failed = sum(w.wait() != 0 for w in workers)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from impls.base import NormKernel, NormOutputs, NormSpec, cuda_present
-from impls.tilelang import _compile
-from impls.tilelang._plan import Plan, choose_vec, make_plan, max_vec
+from impls.tilelang import compiler
+from impls.tilelang.plan import Plan, choose_vec, make_plan, max_vec
 
 # TileLang binds the flat buffers' lengths as int32.
 MAX_SPAN = 2**31 - 1
@@ -34,15 +34,15 @@ class TileLangKernel(NormKernel):
     longer_rows_by: str | None = None
 
     def availability(self) -> str | None:
-        return _compile.availability()
+        return compiler.availability()
 
     def note(self) -> str:
-        tl, why = _compile.tilelang_module()
+        tl, why = compiler.tilelang_module()
         if tl is None:
             return why or ""
         if cuda_present():
-            return f"tilelang {_compile.version()} on {torch.cuda.get_device_name()}"
-        return f"tilelang {_compile.version()}: {_compile.NOT_EXECUTED}"
+            return f"tilelang {compiler.version()} on {torch.cuda.get_device_name()}"
+        return f"tilelang {compiler.version()}: {compiler.NOT_EXECUTED}"
 
     def unsupported(self, spec: NormSpec) -> str | None:
         if self.max_n is not None and spec.n > self.max_n:  # true on any machine, so said first
@@ -69,7 +69,7 @@ class TileLangKernel(NormKernel):
         first call."""
         strides = (spec.row_stride, spec.n) if spec.rows > 1 else ()
         vec = choose_vec(spec.dtype, spec.n, strides)
-        _compile.compile_plan(self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec, spec.rows))
+        compiler.compile_plan(self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec, spec.rows))
 
     def compile_key(self, spec: NormSpec):
         """The plan ``prepare`` compiles: M and the strides are run-time values."""
@@ -91,7 +91,7 @@ class TileLangKernel(NormKernel):
         return t.as_strided(((m - 1) * t.stride(0) + n,), (1,))
 
     def _run(self, plan: Plan, x: torch.Tensor, weight, bias, eps: float, out: NormOutputs, with_bias: bool) -> None:
-        compiled = _compile.compile_plan(plan)
+        compiled = compiler.compile_plan(plan)
         m = x.shape[0]
         vec = plan.vec
         sxv = x.stride(0) // vec if m > 1 else 0

@@ -1,7 +1,7 @@
 """The TileLang programs of the four kernels, one builder per kernel.
 
 Imported only when a kernel is compiled (importing tilelang takes seconds). Every builder
-takes a ``Plan`` (impls.tilelang._plan) and returns a ``T.prim_func``.
+takes a ``Plan`` (impls.tilelang.plan) and returns a ``T.prim_func``.
 
 Conventions shared by all four:
 
@@ -23,7 +23,7 @@ Conventions shared by all four:
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
 import tilelang.language as T
 
-from impls.tilelang._plan import Plan
+from impls.tilelang.plan import Plan
 
 F32 = "float32"
 
@@ -190,7 +190,7 @@ def layer_norm_fwd(plan: Plan):
     spend 46-80 registers, leaving 1-4 blocks per SM and 24-36 KB of x in flight, where HBM
     wants more. The plan gives each thread about 4 vectors (2 for N <= 2048), and the launch
     bound ``ln_min_blocks_per_sm`` holds ptxas to 40 or 64 registers."""
-    from impls.tilelang._plan import ln_min_blocks_per_sm
+    from impls.tilelang.plan import ln_min_blocks_per_sm
 
     N, R, P, vec, dt = plan.n, plan.rows_per_block, plan.padded, plan.vec, plan.dtype
     NW, NB = _signature_sizes(plan)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from impls.base import NormOutputs
 from impls.registry import register
 from impls.tilelang._kernel import TileLangKernel
-from impls.tilelang._plan import FRAGMENT_MAX_N
+from impls.tilelang.plan import FRAGMENT_MAX_N
 
 
 @register

@@ -16,8 +16,8 @@ from impls.base import SUPPORTED_DTYPES, dtype_name
 
 def main(argv: list[str] | None = None) -> int:
     from impls.tilelang import VARIANTS
-    from impls.tilelang import _compile
-    from impls.tilelang._plan import choose_vec, make_plan
+    from impls.tilelang import compiler
+    from impls.tilelang.plan import choose_vec, make_plan
 
     dtypes = {dtype_name(d): d for d in SUPPORTED_DTYPES}
     p = argparse.ArgumentParser(prog="python -m impls.tilelang.source", description=__doc__.splitlines()[0])
@@ -39,14 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = make_plan(a.variant, dtype, a.n, not a.no_weight, has_bias, vec)
     target = {"kind": "cuda", "arch": a.arch} if a.arch else None
     try:
-        compiled = _compile.compile_plan(plan, target)
-    except _compile.TileLangCompileError as exc:
+        compiled = compiler.compile_plan(plan, target)
+    except compiler.TileLangCompileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"// {plan.describe()}, target {compiled.target}")
     print(compiled.source())
     if a.ptxas:
-        r = _compile.ptxas_report(compiled)
+        r = compiler.ptxas_report(compiled)
         print(f"// ptxas {r.arch} (cubin: {r.sass_arch}): {r.registers} registers/thread, "
               f"{r.smem_static} B static + {r.smem_dynamic} B dynamic shared memory/block, "
               f"spill stores {r.spill_stores} B, spill loads {r.spill_loads} B, stack {r.stack} B")

@@ -8,10 +8,9 @@ and statistics are float32; y is stored in x's dtype. Row offsets are 64-bit.
 The rowwise kernels have a 1-D form for one row per program (rms_norm_row, layer_norm_row).
 The looped, split and LayerNorm rowwise kernels take N as a compile-time constant (one
 compilation per N, as the TileLang kernels have it): the chunk count is then known, which
-measured 81% -> 100% of copy for RMSNorm bf16 at N = 12288 (docs/perf-notes.md, item 15). It
-also gives the interpreter a Python int loop bound, which it needs. For the rowwise LayerNorm a
-static N measured 0.3-1.3 points faster in bf16 at N 1024-4096 (item 21); the rowwise RMSNorm
-was not faster with it and keeps N a runtime value.
+measured much faster (docs/perf-notes.md, item 15). It also gives the interpreter a Python int
+loop bound, which it needs. The rowwise LayerNorm measured slightly faster with a static N
+(item 21); the rowwise RMSNorm did not, and keeps N a runtime value.
 """
 import triton
 import triton.language as tl
@@ -78,7 +77,7 @@ def rms_norm_row(
         w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
     x = tl.load(X + row * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-    tl.store(RSTD + row, rstd)  # before y: up to 0.15 us sooner done at decode sizes (item 26)
+    tl.store(RSTD + row, rstd)  # before y: sooner done at decode sizes (docs/perf-notes.md, item 26)
     y = x * rstd
     if HAS_WEIGHT:
         if not W_FIRST:
@@ -144,7 +143,7 @@ def layer_norm_rowwise(
     xc = tl.where(mask, x - mean[:, None], 0.0)  # padded lanes would hold -mean
     # The mean's own rounding (a few ulps of a large mean) enters y as that much of an input
     # perturbation, which is all the input's precision holds; a correction term for it (a pair
-    # reduction) cost up to 0.2 us at decode sizes (docs/perf-notes.md, item 22).
+    # reduction) measured slower at decode sizes (docs/perf-notes.md, item 22).
     rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
     y = xc * rstd[:, None]
     if HAS_WEIGHT:

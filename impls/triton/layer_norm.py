@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from impls.base import NormOutputs
 from impls.registry import register
-from impls.triton._launch import LaunchConfig, RowwiseKernel, SplitRowsKernel, TritonKernel
+from impls.triton._launch import RowwiseKernel, TritonKernel
+from impls.triton._split import SplitRowsKernel
+from impls.triton.settings import LaunchConfig
 
 
 class _TritonLayerNorm(TritonKernel):

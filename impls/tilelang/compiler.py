@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from impls.base import OptionalImport, cuda_present
-from impls.tilelang._plan import Plan
+from impls.tilelang.plan import Plan
 
 SM90 = {"kind": "cuda", "arch": "sm_90"}
 # Our kernels guard every global access themselves; TileLang's legalisation would add a bounds
@@ -122,7 +122,7 @@ def compile_program(program, plan: Plan, target: dict | None = None, what: str |
                      "conflict, e.g. between a reduction's source and destination fragments, produces)")
         raise TileLangCompileError(
             f"{what}: {cause}: {type(exc).__name__}: {detail}. The kernel's fragment layouts do not fit "
-            f"this configuration; report it with this message (impls/tilelang/_plan.py chooses the "
+            f"this configuration; report it with this message (impls/tilelang/plan.py chooses the "
             f"layouts) and meanwhile use tilelang.splitk (RMSNorm, any N) or another backend."
         ) from exc
 

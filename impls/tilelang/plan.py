@@ -7,10 +7,13 @@ One plan is one compilation (the key of both caches); M and the row strides are 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from impls import tuned
 from impls.base import dtype_name
+from impls.gpu_limits import SM_REGISTERS, SM_THREADS, next_pow2
 
 # float32 values of the row each thread may hold in registers (fragment, layer_norm_fwd):
 # 64 at 512 threads puts 32768 columns in one block; ptxas for sm_90 keeps that spill-free.
@@ -30,38 +33,22 @@ LN_VECTORS, LN_SHORT_VECTORS, LN_SHORT_N = 4, 2, 2048  # fragment: always 2
 LN_REG_BUDGET = ((2, 40), (4, 64))
 # float32 keeps 8 vectors (32 values) per thread in 64 registers; 16-bit types would spill.
 LN_REG_BUDGET_F32 = ((2, 40), (8, 64))
-SM_REGISTERS = 65536
-SM_MAX_THREADS = 2048
 
-# Plans measured fastest on an H200 where they beat the rules above by more than a point
-# (tools/tilelang_sweep.py, 2026-11-29, reports/h200/tilelang-sweep.json): (variant, bytes per
-# element, N) -> (threads per row, min_blocks; None: the rule's bound). For the widest vector
-# only. What wins at non-power-of-two N is a thread count that divides the row with no padded
-# vectors (5120 = 128 threads x 5 vectors of 8) and a launch bound near 85 registers per
-# thread: LayerNorm bf16 5120 went from 80% to 97% of copy, 12288 from 84% to 97%.
-TUNED = {
-    ("layer_norm_fwd", 2, 5120): (128, 6), ("layer_norm_fwd", 2, 12288): (256, 3),
-    ("layer_norm_fwd", 2, 16384): (128, None),
-    ("layer_norm_fwd", 4, 4000): (128, 6), ("layer_norm_fwd", 4, 5120): (256, 3),
-    ("fragment", 2, 4000): (256, 6), ("fragment", 2, 5120): (256, 3), ("fragment", 2, 12288): (512, 3),
-    ("fragment", 4, 4000): (256, 3), ("fragment", 4, 5120): (256, None), ("fragment", 4, 16384): (512, 2),
-    # reports/h200/tilelang-sweep-short.json (2026-11-29, N 1024-8192, bf16 and float32): the only
-    # plan more than a point ahead of the rule; 8192 bf16 95.3 -> 97.7% (64 threads, 2 rows a block).
-    ("fragment", 2, 8192): (64, None),
-}
+TUNED_FILE = Path(__file__).with_name("tuned_h200.toml")
+# Plans measured fastest where they beat the rules above by more than a point, for the widest
+# vector only (tuned_h200.toml): (variant, bytes per element, N) -> (threads per row,
+# min_blocks; None: the rule's bound). What wins at non-power-of-two N is a thread count that
+# divides the row with no padded vectors (5120 = 128 threads x 5 vectors of 8) and a launch bound
+# near 85 registers per thread.
+TUNED = {k: (tpr, mb or None) for k, (tpr, mb) in
+         tuned.table(TUNED_FILE, "bandwidth", ("variant", "bytes", "n"), ("threads_per_row", "min_blocks")).items()}
 
 # Few rows (decode, M <= DECODE_MAX_ROWS): the grid cannot fill the GPU, time is latency, and the
-# bandwidth plans above can be slow there (fragment bf16 8192's 64 threads, 2 rows a block: 2.32
-# us at 1 x 8192 against 1.94 us at 128 threads). Threads per row measured fastest at M 1, 8 and
-# 64, N 4096 and 8192 (reports/h200/tilelang-sweep-decode-m.json, 2026-11-29, CUDA-graph replay),
-# where they beat the bandwidth plan; the launch bound is the rule's. A decode plan is a second
-# compilation for that N.
+# bandwidth plans above can be slow there. Threads per row where they beat the bandwidth plan
+# (tuned_h200.toml); the launch bound is the rule's. A decode plan is a second compilation for
+# that N.
 DECODE_MAX_ROWS = 128
-DECODE_TUNED = {
-    ("fragment", 2, 4096): 128, ("fragment", 2, 8192): 128,
-    ("fragment", 4, 4096): 256, ("fragment", 4, 8192): 256,
-    ("layer_norm_fwd", 2, 8192): 128, ("layer_norm_fwd", 4, 8192): 128,
-}
+DECODE_TUNED = tuned.table(TUNED_FILE, "decode", ("variant", "bytes", "n"), "threads_per_row")
 
 
 @dataclass(frozen=True)
@@ -89,10 +76,6 @@ class Plan:
         affine = "+".join(n for n, on in (("weight", self.has_weight), ("bias", self.has_bias)) if on) or "no affine"
         return (f"tilelang.{self.variant} {self.dtype} N={self.n} ({affine}; vec {self.vec}, "
                 f"{self.threads} threads, {self.rows_per_block} row(s)/block, {self.padded} columns)")
-
-
-def _pow2_at_least(v: int) -> int:
-    return 1 << max(0, (v - 1).bit_length())
 
 
 def max_vec(dtype: torch.dtype) -> int:
@@ -136,7 +119,7 @@ def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, 
         per_thread = LN_VECTORS if variant == "layer_norm_fwd" and n > LN_SHORT_N else LN_SHORT_VECTORS
         vectors = -(-n // vec)
         # About per_thread vectors per thread, 32..512 threads per row.
-        tpr = threads_per_row or min(MAX_THREADS, max(32, _pow2_at_least(-(-vectors // per_thread))))
+        tpr = threads_per_row or min(MAX_THREADS, max(32, next_pow2(-(-vectors // per_thread))))
         rows = max(1, MIN_BLOCK_THREADS // tpr)
         padded = -(-n // (tpr * vec)) * (tpr * vec)
         return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, padded, min_blocks)
@@ -163,4 +146,4 @@ def ln_min_blocks_per_sm(plan: Plan) -> int:
         return 1
     if plan.rows_per_block > 1 and vpt > 2:
         budget += 8  # the two-pass program at 64 registers spills 8-16 bytes with several rows
-    return max(1, min(SM_MAX_THREADS // plan.threads, SM_REGISTERS // (plan.threads * budget)))
+    return max(1, min(SM_THREADS // plan.threads, SM_REGISTERS // (plan.threads * budget)))

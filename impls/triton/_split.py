@@ -1,0 +1,94 @@
+"""The split variant: each row over SPLITS programs that exchange partial statistics through a
+workspace in global memory, over a persistent grid sized from the compiled kernel's resources."""
+from __future__ import annotations
+
+import torch
+
+from impls.gpu_limits import SM_MAX_BLOCKS, SM_REGISTERS, SM_SHARED, SM_THREADS, blocks_per_sm, cdiv, next_pow2
+from impls.triton._launch import TritonKernel, split_unavailable
+from impls.triton.settings import SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig, split_config
+
+
+class SplitRowsKernel(TritonKernel):
+    """The split variant: each row over SPLITS programs that exchange partial statistics (see
+    _kernels.rms_norm_split). GPU only, and every program of a row must be resident at once, so
+    the grid is persistent: as many groups of SPLITS programs as the GPU holds, counted from the
+    compiled kernel's registers, threads and shared memory."""
+
+    variant = "split"
+    max_n = SPLIT_MAX * SPLIT_MAX_BLOCK
+
+    def availability(self) -> str | None:
+        return split_unavailable()
+
+    def config(self, n: int, dtype: torch.dtype, m: int | None = None) -> LaunchConfig:
+        return split_config(n, dtype, self.op)
+
+    def unsupported(self, spec) -> str | None:
+        reason = super().unsupported(spec)
+        if reason is None and spec.device == "cuda":
+            splits = cdiv(spec.n, self.config(spec.n, spec.dtype).block_n)
+            sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+            if splits > sms:
+                reason = (f"N={spec.n} splits over {splits} programs that must be resident at once; "
+                          f"this GPU has {sms} SMs")
+        return reason
+
+    def _meta(self, cfg: LaunchConfig) -> dict:
+        return {}  # SPLITS comes from the call, which knows N
+
+    def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
+        """As TritonKernel.run, with the workspace between ``tensors`` and ``scalars`` and the
+        group count after them, over a persistent grid of groups x SPLITS programs."""
+        m, n = x.shape
+        splits = cdiv(n, cfg.block_n)
+        meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
+        words, done = _split_workspace(x.device)
+        key = (self._kernel_name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
+        resident = _RESIDENT_PROGRAMS.get(key)
+        if resident is None:  # compile once (GROUPS is not specialised on, so any value serves)
+            compiled = self.launch(self._kernel_name, x, cfg, *tensors, words, done, *scalars, 1,
+                                   grid=(1,), compile_only=True, **meta)
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+            resident = _RESIDENT_PROGRAMS[key] = sms * programs_per_sm(compiled, x.device)
+        groups = max(1, min(m, resident // splits))
+        self.launch(self._kernel_name, x, cfg, *tensors, words, done, *scalars, groups,
+                    grid=(groups * splits,), **meta)
+
+
+# Programs of one compiled split kernel the whole GPU holds at once, by launch key.
+_RESIDENT_PROGRAMS: dict = {}
+_WORKSPACE: dict = {}
+# Workspaces made during CUDA graph capture: the graph zeroes them at each replay, so they must
+# live as long as it does; one small pair per capture.
+_CAPTURED: list = []
+
+
+def _split_workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernels' exchange words (2 row slots x 2 per program) and per-group DONE
+    counters, one set per device and stream, so launches on different streams cannot meet. Made
+    zero; every launch leaves them zero."""
+    def make():
+        programs = torch.cuda.get_device_properties(device).multi_processor_count * SM_MAX_BLOCKS  # the most in flight
+        return (torch.zeros(4 * programs, dtype=torch.int64, device=device),
+                torch.zeros(programs, dtype=torch.int32, device=device))
+
+    if torch.cuda.is_current_stream_capturing():
+        ws = make()
+        _CAPTURED.append(ws)
+        return ws
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    if key not in _WORKSPACE:
+        _WORKSPACE[key] = make()
+    return _WORKSPACE[key]
+
+
+def programs_per_sm(compiled, device: torch.device) -> int:
+    """How many programs of a compiled Triton kernel one SM of ``device`` holds at once."""
+    if hasattr(compiled, "_init_handles"):
+        compiled._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    return blocks_per_sm(compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared,
+                         getattr(props, "regs_per_multiprocessor", SM_REGISTERS),
+                         getattr(props, "max_threads_per_multi_processor", SM_THREADS),
+                         getattr(props, "shared_memory_per_multiprocessor", SM_SHARED))

@@ -1,0 +1,57 @@
+"""The tuned launch settings are data: each row cites its evidence as path@commit, and that
+evidence exists in the repository's history."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from impls import tuned
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = sorted(ROOT.glob("impls/*/tuned_*.toml"))
+
+
+def test_each_compiled_backend_has_a_tuned_file():
+    assert {f.parent.name for f in FILES} == {"triton", "tilelang"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_row_cites_evidence_that_git_holds(path):
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the cited commits cannot be looked up")
+    sources = {row["source"] for rows in tuned.load(path).values() for row in rows}
+    assert sources
+    missing = []
+    for source in sorted(sources):
+        file, commit = source.rsplit("@", 1)
+        found = subprocess.run(["git", "cat-file", "-e", f"{commit}:{file}"], cwd=ROOT, capture_output=True)
+        if found.returncode:
+            missing.append(source)
+    if missing and subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT,
+                                  capture_output=True, text=True).stdout.strip() == "true":
+        pytest.skip(f"a shallow clone lacks the history of {len(missing)} cited files")
+    assert not missing, f"cited evidence not in git: {missing}"
+
+
+def test_a_row_without_source_or_a_duplicate_row_is_refused(tmp_path):
+    bad = tmp_path / "tuned_x.toml"
+    bad.write_text('rowwise = [{op = "rms_norm", bytes = 2, block_n = 1024, rows = 1, warps = 4}]\n')
+    with pytest.raises(ValueError, match="source"):
+        tuned.load(bad)
+    twice = tmp_path / "tuned_y.toml"
+    row = '{op = "rms_norm", bytes = 2, block_n = 1024, rows = 1, warps = 4, source = "a.json@abcdef0"}'
+    twice.write_text(f"rowwise = [{row}, {row}]\n")
+    with pytest.raises(ValueError, match="two rows"):
+        tuned.table(twice, "rowwise", ("op", "bytes", "block_n"), ("rows", "warps"))
+
+
+def test_the_tables_hold_what_the_files_say():
+    from impls.tilelang import plan
+    from impls.triton import settings
+
+    rows = tuned.load(settings.TUNED_FILE)
+    assert len(settings.ROWWISE_TUNED) == len(rows["rowwise"])
+    assert len(settings.LOOPED_TUNED) + len(settings.LOOPED_TUNED_FLOAT16) == len(rows["looped"])
+    assert settings.DISPATCH[("rms_norm", 4)][-1] == (None, "split")  # up_to = 0: open-ended
+    assert plan.TUNED[("fragment", 2, 8192)] == (64, None)  # min_blocks = 0: the rule's bound
