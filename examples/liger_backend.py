@@ -53,6 +53,7 @@ def availability() -> str | None:
 
 class _Liger(NormKernel):
     backend = "liger"
+    packages = ("liger-kernel",)
     variant = "fused"  # RMSNorm in casting_mode "gemma": float32 math, y rounded once
     devices = ("cuda",)
     max_n = MAX_N

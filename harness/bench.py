@@ -36,21 +36,14 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from harness import compare, plugin, run, timing
-from harness.cases import DTYPES
-from harness.runner import device_for
+from harness import run, timing
+from harness.arena import Arena
+from harness.cases import DTYPES, Case, make_inputs
+from harness.runner import device_for, judge
+from harness.shapes import (BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, QUICK_BANDWIDTH, QUICK_DECODE,
+                            bandwidth_rows)
 from impls.base import DEFAULT_EPS, OPS, NormKernel, NormOutputs, NormSpec, UnsupportedCase
 from impls.reference import reference
-
-
-# The sweep. Bandwidth regime: M x N >= 2^26 elements (M >= 16384), N up to 65536 for every kernel
-# and beyond it for those without a limit (looped, split-K); decode regime: a few rows.
-BANDWIDTH_N = (1024, 2048, 4000, 4096, 5120, 8192, 12288, 16384, 32768, 65536)
-LONG_N = (131072, 262144)
-DECODE_M = (1, 8, 64)
-DECODE_N = (4096, 8192)
-QUICK_BANDWIDTH = ((512, 1024), (128, 4000))  # CPU and CI: seconds, not minutes
-QUICK_DECODE = ((8, 4096),)
 
 ROUNDS = {"bandwidth": 40, "decode": 50}
 WARMUP = {"bandwidth": 5, "decode": 5}
@@ -62,10 +55,6 @@ CHECK_ELEMENTS = 2**22
 MEMORY_FRACTION = 0.8
 
 CONTEXT = pytest.StashKey["BenchContext"]()
-
-
-def bandwidth_rows(n: int) -> int:
-    return max(16384, -(-(2**26) // n))  # M x N >= 2^26 also where N does not divide it
 
 
 @dataclass(frozen=True)
@@ -101,7 +90,7 @@ def sweep(profile: str, ops, dtypes, repeat: int = 1) -> list[BenchShape]:
     """The shapes in run order: each bandwidth pass, then the decode regime."""
     shapes = []
     if profile == "full":
-        bandwidth = [(bandwidth_rows(n), n) for n in BANDWIDTH_N + LONG_N]
+        bandwidth = [(bandwidth_rows(n), n) for n in BANDWIDTH_N + BENCH_LONG_N]
         decode = [(m, n) for n in DECODE_N for m in DECODE_M]
     else:
         bandwidth, decode = list(QUICK_BANDWIDTH), list(QUICK_DECODE)
@@ -139,7 +128,7 @@ def pytest_configure(config):
 def pytest_generate_tests(metafunc):
     if "bench_item" not in metafunc.fixturenames:
         return
-    state = metafunc.config.stash[plugin.STATE]
+    state = metafunc.config.stash[run.STATE]
     ops = [op for op in OPS if any(k.op == op for k in state.kernels)]
     dtypes = run.split_names(state.selection["dtype"], tuple(DTYPES), "dtype") or tuple(DTYPES)
     repeat = max(1, metafunc.config.getoption("bench_repeat"))
@@ -224,39 +213,25 @@ class BenchContext:
             self._ceiling[device] = timing.copy_ceiling_gbps(device, self.gpu() if device == "cuda" else None)
         return self._ceiling[device]
 
-    def arena(self, device: str) -> "Arena":
-        """The one buffer every benchmark on ``device`` takes its x, parameters and outputs from,
-        sized for the largest shape of the session and allocated once. Nothing is handed back to
-        the driver during the session (no ``empty_cache``): after tens of GB were freed, the
-        next kernel timed ran up to 7% slow for a fraction of a second, longer than the settle
-        step, while the placement of x made no difference (docs/perf-notes.md)."""
+    def arena(self, device: str) -> Arena:
+        """The one buffer every benchmark on ``device`` takes its tensors from (Arena.for_shapes)."""
         if device not in self._arenas:
             shapes = [it.shape for it in self.items.values() if device_for(it.kernel) == device]
-            self._arenas[device] = Arena(max((Arena.layout(s)[1] for s in shapes), default=0), device)
-            if device == "cuda":
-                # What kernels allocate themselves (eager's y, a compiled graph's buffers) comes
-                # from the caching allocator: fill it once with memory already mapped and
-                # written, so no shape of either pass is the first to use fresh memory.
-                biggest = max((2 * s.m * s.n * DTYPES[s.dtype].itemsize for s in shapes), default=0)
-                try:
-                    torch.empty(biggest, dtype=torch.uint8, device=device).fill_(0)
-                    self._arenas[device].prefilled = biggest
-                except torch.OutOfMemoryError:
-                    pass  # the arena's fallback note already says memory is short
-                torch.cuda.synchronize()
+            self._arenas[device] = Arena.for_shapes(shapes, device)
         return self._arenas[device]
 
     def inputs(self, s: BenchShape, device: str):
         """x, weight, bias of a shape, shared by the kernels of its group, in the arena."""
-        key = (s.dtype, s.m, s.n, device)
+        key = (s.op, s.dtype, s.m, s.n, device)
         if key != self._inputs_key:
             self._inputs = self._inputs_key = None
-            gen = torch.Generator(device=device).manual_seed(s.m * 1_000_003 + s.n)
-            dtype = DTYPES[s.dtype]
             views = self.arena(device).views(s)
-            views["x"].copy_(torch.randn(s.m, s.n, generator=gen, device=device, dtype=dtype))
-            views["w"].copy_((1.0 + 0.5 * torch.randn(s.n, generator=gen, device=device)).to(dtype))
-            views["b"].copy_((0.5 * torch.randn(s.n, generator=gen, device=device)).to(dtype))
+            drawn = make_inputs(Case(s.op, s.dtype, (s.m, s.n)), device)  # as the checks draw them
+            views["x"].copy_(drawn.x)
+            views["w"].copy_(drawn.weight)
+            if drawn.bias is not None:
+                views["b"].copy_(drawn.bias)
+            del drawn
             self._inputs_key, self._inputs = key, (views["x"], views["w"], views["b"])
         return self._inputs
 
@@ -267,15 +242,7 @@ class BenchContext:
 
     def timer(self, fn, regime: str, device: str):
         """The timer for one benchmark and, where it is not the planned one, why."""
-        if device != "cuda":
-            return timing.WallTimer(fn), None
-        if regime == "decode":
-            try:
-                return timing.GraphTimer(fn, self.gpu()), None
-            except Exception as exc:  # not capturable: say so and time with events
-                torch.cuda.synchronize()
-                return timing.EventTimer(fn, self.gpu()), f"CUDA-graph capture failed ({type(exc).__name__}: {exc})"[:300]
-        return timing.EventTimer(fn, self.gpu()), None
+        return timing.timer_for(fn, regime, device, self.gpu() if device == "cuda" else None)
 
     def rounds(self, regime: str, device: str) -> tuple[int, int]:
         r = self.config.getoption("bench_rounds")
@@ -285,11 +252,11 @@ class BenchContext:
 
     # -- the report -----------------------------------------------------------------------------
     def document(self) -> dict:
-        sel = self.config.stash[plugin.STATE].selection
+        sel = self.config.stash[run.STATE].selection
         ceilings = {dev: {"gbps": g, "how": how} for dev, (g, how) in self._ceiling.items()}
         return {
             "schema": 1,
-            "environment": environment(),
+            "environment": run.environment(self.config.stash[run.STATE].kernels),
             "command": run.invocation(self.config),
             "selection": {**sel, "repeat": self.config.getoption("bench_repeat"),
                           "baseline": self.config.getoption("bench_baseline")},
@@ -325,55 +292,6 @@ class BenchContext:
         self.written = write_all(doc, directory)
         run.point_latest(config, directory)
         self._last_write = time.time()
-
-
-# -- where a benchmark's tensors live ---------------------------------------------------------
-class Arena:
-    """One allocation carved into a shape's x, weight, bias, y, mean and rstd at offsets that
-    depend on the shape alone. It grows (a new allocation) only for a shape larger than it was
-    sized for, or where the sized allocation did not fit in memory (then: ``fallback``)."""
-
-    # Every part starts on a 2 MiB boundary (a large page): measured 0.2-1.9 points faster than
-    # 4 KiB offsets for the one-pass kernels (tools/layout_check.py@790c6df, docs/perf-notes.md item 13).
-    ALIGN = 2 << 20
-
-    def __init__(self, nbytes: int, device: str) -> None:
-        self.device, self.fallback = device, None
-        self.prefilled = 0  # bytes of written memory left in the caching allocator (BenchContext.arena)
-        try:
-            self.buf = torch.empty(max(nbytes, self.ALIGN), dtype=torch.uint8, device=device)
-        except torch.OutOfMemoryError as exc:
-            self.fallback = f"one arena of {nbytes / 2**30:.1f} GiB did not fit ({exc}); allocated per shape"
-            self.buf = torch.empty(self.ALIGN, dtype=torch.uint8, device=device)
-
-    def describe(self) -> str:
-        how = self.fallback or (f"x, weight, bias and outputs of every shape in one {self.buf.numel() / 2**30:.2f} GiB "
-                                f"allocation, made once, each at a {self.ALIGN // 2**20} MiB boundary: the same "
-                                "addresses in every pass")
-        if self.prefilled:
-            how += (f"; the caching allocator filled once with {self.prefilled / 2**30:.2f} GiB of written memory "
-                    "for what kernels allocate themselves; no memory handed back during the session")
-        return how
-
-    @classmethod
-    def layout(cls, s: BenchShape) -> tuple[dict, int]:
-        """{part: (offset, dtype, shape)} and the bytes the shape needs."""
-        dt = DTYPES[s.dtype]
-        parts = (("x", dt, (s.m, s.n)), ("w", dt, (s.n,)), ("b", dt, (s.n,)), ("y", dt, (s.m, s.n)),
-                 ("mean", torch.float32, (s.m,)), ("rstd", torch.float32, (s.m,)))
-        out, off = {}, 0
-        for name, dtype, shape in parts:
-            out[name] = (off, dtype, shape)
-            off += -(-math.prod(shape) * dtype.itemsize // cls.ALIGN) * cls.ALIGN
-        return out, off
-
-    def views(self, s: BenchShape) -> dict[str, torch.Tensor]:
-        parts, need = self.layout(s)
-        if need > self.buf.numel():
-            del self.buf
-            self.buf = torch.empty(need, dtype=torch.uint8, device=self.device)
-        return {name: self.buf[off:off + math.prod(shape) * dt.itemsize].view(dt).view(shape)
-                for name, (off, dt, shape) in parts.items()}
 
 
 # -- one benchmark --------------------------------------------------------------------------
@@ -425,8 +343,8 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     info = benchmark.extra_info
     info.update(
         op=s.op, dtype=s.dtype, m=s.m, n=s.n, regime=s.regime, repeat=s.repeat,
-        backend=k.backend, variant=k.variant, kernel=k.name, outputs=list(k.outputs),
-        bytes=nbytes, ceiling_gbps=ceiling_gbps, device=device_name(device),
+        backend=k.backend, variant=k.variant, kernel=k.name, project=k.project, outputs=list(k.outputs),
+        bytes=nbytes, ceiling_gbps=ceiling_gbps, device=run.device_name(device),
         timing=fallback and f"CUDA events, {fallback}" or timer.how, timer=timer.kind,
         rounds=rounds, warmup_rounds=warmup, settle_calls=settle_calls, prepare_s=round(prepare_s, 3),
         correct=True, max_ulp_err=worst_ulp,
@@ -454,9 +372,7 @@ def verify(k: NormKernel, s: BenchShape, x, w, b, eps, out: NormOutputs, device:
             problems.append(f"{name}: {unwritten} of {t.numel()} elements unwritten or NaN")
     rows = sample_rows(s.m, s.n, device)
     sub = NormOutputs(**{name: t[rows] for name, t in out.fields().items()})
-    ref = reference(s.op, x[rows], w, b, eps)
-    extra = compare.rounding_allowance(k.rounding, s.op, x[rows], ref, w, b, x.dtype)
-    errors = compare.compare_outputs(s.op, sub, ref, x.dtype, k.stat_dtype(x.dtype, device), w, extra)
+    errors, _ = judge(k, s.op, x[rows], w, b, sub, reference(s.op, x[rows], w, b, eps), device)
     problems += [e.summary() for e in errors if not e.ok]
     worst = max((e.max_ulp for e in errors if math.isfinite(e.max_ulp)), default=0.0)
     return problems, worst
@@ -466,33 +382,6 @@ def sample_rows(m: int, n: int, device: str) -> torch.Tensor:
     """Rows spread evenly over all M (first and last included), at most CHECK_ELEMENTS elements."""
     k = max(2, min(m, CHECK_ELEMENTS // n))
     return torch.linspace(0, m - 1, k, device=device).round().long().unique()
-
-
-def environment() -> dict:
-    env = run.environment()
-    if "liger_kernel" not in env:
-        import importlib.metadata as md
-
-        try:
-            env["liger_kernel"] = md.version("liger-kernel")
-        except md.PackageNotFoundError:
-            env["liger_kernel"] = None
-    return env
-
-
-def device_name(device: str) -> str:
-    """The device a row was timed on; with a GPU its index as the process sees it set (one
-    process times one GPU: CUDA_VISIBLE_DEVICES), so merged runs name the GPU of each row."""
-    import os
-
-    gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if device == "cuda":
-        return f"{torch.cuda.get_device_name()} #{gpu if gpu is not None else torch.cuda.current_device()}"
-    import platform
-
-    if gpu is not None and os.environ.get("NORMDIFF_FAKE_GPUS"):  # a simulated multi-GPU host
-        return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads) #{gpu}"
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 __all__ = ["BenchItem", "BenchShape", "run_benchmark", "sweep", "items"]

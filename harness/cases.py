@@ -13,15 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.shapes import CHECK_LONG_N, CHECK_LONG_N_QUICK, ODD_N, POW2_N, TAIL_M, TAIL_M_FULL
 from impls.base import DEFAULT_EPS, NormSpec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-# Row lengths that are not multiples of any block or vector width, and every power of two.
-ODD_N = (1, 7, 127, 129, 769, 1000, 1536, 3000, 4000, 4097, 5120, 12345)
-POW2_N = tuple(2**k for k in range(17))  # 1 .. 65536
-LONG_N = (65537, 100000, 131072, 262144)  # beyond one block: for kernels that claim it
-TAIL_M = (1, 3, 17, 1025)
 
 
 @dataclass(frozen=True)
@@ -119,9 +114,22 @@ def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:
     return Inputs(x=x, weight=weight, bias=bias, eps=case.eps_value, storage=storage)
 
 
+# A "normal" x larger than this is drawn in row chunks (its float64 draw would take GBs); every
+# catalogue case is within it, so the catalogue's bits do not depend on the chunking.
+DRAW_CHUNK_ELEMENTS = 2**27
+
+
 def make_x(dist: str, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
     finfo = torch.finfo(dtype)
     dev = gen.device
+    if dist == "normal" and math.prod(shape) > DRAW_CHUNK_ELEMENTS:
+        x = torch.empty(shape, dtype=dtype, device=dev)
+        flat = x.view(-1, shape[-1])
+        step = max(1, DRAW_CHUNK_ELEMENTS // shape[-1])
+        for start in range(0, flat.shape[0], step):
+            part = flat[start:start + step]
+            part.copy_(torch.randn(part.shape, generator=gen, dtype=torch.float64, device=dev))
+        return x
     normal = lambda: torch.randn(shape, generator=gen, dtype=torch.float64, device=dev)  # noqa: E731
     if dist == "normal":
         x = normal()
@@ -168,13 +176,13 @@ def _catalogue(profile: str) -> list[Case]:
     for n in sorted(set(ODD_N + POW2_N)):
         for dt in all_dtypes if (full or n in ODD_N) else ("bfloat16",):
             add(_both_ops(dtype=dt, shape=(m_sweep, n), tags=("padded N",)))
-    for n in LONG_N if full else (65537, 100000):
+    for n in CHECK_LONG_N if full else CHECK_LONG_N_QUICK:
         add(_both_ops(dtype="bfloat16", shape=(2, n), tags=("long rows",)))
         if full:
             add(_both_ops(dtype="float32", shape=(2, n), tags=("long rows",)))
 
     # Row count M: tails of any rows-per-program choice.
-    for m in TAIL_M + ((4096, 16384) if full else ()):
+    for m in TAIL_M + (TAIL_M_FULL if full else ()):
         for n in (769, 4000) if not full else (769, 4000, 4096, 8192):
             for dt in ("float32", "bfloat16") if not full else all_dtypes:
                 add(_both_ops(dtype=dt, shape=(m, n), tags=("M tail",)))

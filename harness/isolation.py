@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import run
+
 try:
     from xdist.scheduler import LoadScopeScheduling
 except ImportError:  # pytest-xdist not installed: checks run in one process
@@ -92,7 +94,7 @@ def plan_workers(config) -> None:
     if not XDIST or hasattr(config, "workerinput"):  # a worker runs this hook too
         return
     asked = config.option.numprocesses  # None unless -n was given
-    if config.getoption("benchmark_only", False):
+    if run.is_benchmark_run(config):
         if asked:
             raise pytest.UsageError("benchmarks time one GPU per process and are not xdist workers: drop -n "
                                     "(several GPUs: one pytest per GPU, see README)")

@@ -14,16 +14,14 @@ import time
 import torch
 
 from harness import timing
-from harness.cases import DTYPES
+from harness.cases import DTYPES, Case, make_inputs
 from impls import registry
-from impls.base import DEFAULT_EPS, UnsupportedCase, spec_of
+from impls.base import UnsupportedCase, dtype_name, spec_of
 
 
 def measure(kernel, m: int, n: int, dtype: torch.dtype, tools: timing.GpuTools) -> dict:
-    x = torch.randn(m, n, device="cuda", dtype=dtype)
-    w = torch.randn(n, device="cuda", dtype=dtype)
-    b = torch.randn(n, device="cuda", dtype=dtype) if kernel.op == "layer_norm" else None
-    eps = DEFAULT_EPS[kernel.op]
+    drawn = make_inputs(Case(kernel.op, dtype_name(dtype), (m, n)), "cuda")  # as the benchmarks draw them
+    x, w, b, eps = drawn.x, drawn.weight, drawn.bias, drawn.eps
     kernel.prepare(spec_of(kernel.op, x, "cuda", w, b))
     out = kernel(x, w, b, eps)  # validates once, compiles, and gives the output buffers
     ms = timing.gpu_time_ms(kernel.bench_callable(x, w, b, eps, out), tools)
@@ -35,7 +33,7 @@ def measure(kernel, m: int, n: int, dtype: torch.dtype, tools: timing.GpuTools) 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.measure", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", default="triton")
+    p.add_argument("--backend", required=True, help="comma-separated backends, e.g. the one you are tuning")
     p.add_argument("--dtype", default="bfloat16", choices=tuple(DTYPES))
     p.add_argument("--shapes", default="16384x4096,16384x4000,32768x1024")
     p.add_argument("--json", help="also write the results here")

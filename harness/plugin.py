@@ -15,16 +15,14 @@ import pytest
 import torch
 
 from harness import compare, isolation, scheduling
-from harness.run import backend_status, environment, invocation, point_latest, report_dir, split_names, write_partial
+from harness.run import (STATE, backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir,
+                         split_names, write_partial)
 from harness.cases import DTYPES, Case, catalogue
 from harness.progress import Progress
 from harness.report import add_agreement_cell
 from harness.runner import CheckResult, OracleCache, device_for
 from impls import registry
 from impls.base import OPS, NormKernel
-
-STATE = pytest.StashKey["HarnessState"]()
-
 
 def pytest_addoption(parser):
     group = parser.getgroup("normdiff")
@@ -123,7 +121,7 @@ class HarnessState:
         if not self.records or config.getoption("no_report") or isolation.worker_id(config):
             return
         # A benchmark run skips every check: its report would say nothing and replace a real one.
-        if config.getoption("benchmark_only", False) or not any("outcome" in r for r in self.records.values()):
+        if is_benchmark_run(config) or not any("outcome" in r for r in self.records.values()):
             return
         from harness.report import build_document, write_report
 
@@ -134,7 +132,7 @@ class HarnessState:
             compiled=self.compiled,
             backends=backend_status(self.kernels),
             selection=self.selection,
-            environment=environment(),
+            environment=environment(self.kernels),
             command=invocation(config),
             elapsed=time.time() - self.started,
         )
@@ -237,7 +235,7 @@ class HarnessState:
         """What this run does not select is deselected, not skipped: a parametrisation left empty
         by the selection (e.g. no kernel of a backend-specific check), the benchmarks in a run of
         checks (--benchmark-skip) and the checks in a run of benchmarks (--benchmark-only)."""
-        bench_only = self.config.getoption("benchmark_only", False)
+        bench_only = is_benchmark_run(self.config)
         bench_skip = self.config.getoption("benchmark_skip", False) and not bench_only
 
         def unselected(item) -> bool:
@@ -328,12 +326,12 @@ def pytest_configure(config):
     state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config)
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normdiff-state")
-    if not isolation.worker_id(config) and not config.getoption("benchmark_only", False):
+    if not isolation.worker_id(config) and not is_benchmark_run(config):
         config.pluginmanager.register(Progress(config, state), "normdiff-progress")
     if getattr(config, "_normdiff_schedule", False) and not isolation.worker_id(config):
         state.controller = isolation.Controller(config, state)
         config.pluginmanager.register(state.controller, "normdiff-controller")
-    elif not config.getoption("benchmark_only", False):
+    elif not is_benchmark_run(config):
         state.watch = isolation.CallWatch(config)
 
 

@@ -19,6 +19,13 @@ from impls.base import NormKernel
 # Variables that change what a check runs: a reproduce command sets them as the run had them.
 REPRO_ENV = ("TRITON_INTERPRET", "NORMDIFF_COMPILE_ROWS", "CUDA_VISIBLE_DEVICES")
 PARTIAL_REPORT_S = 60.0  # seconds between partial reports during a run
+# The run's HarnessState (harness.plugin): selection, kernels, records; read by the benchmarks too.
+STATE = pytest.StashKey["HarnessState"]()
+
+
+def is_benchmark_run(config) -> bool:
+    """Whether this pytest run times benchmarks (``--benchmark-only``) rather than checking."""
+    return bool(config.getoption("benchmark_only", False))
 
 
 def write_partial(owner) -> None:
@@ -102,23 +109,24 @@ def invocation(config) -> str:
     return "pytest " + " ".join(shlex.quote(a) for a in config.invocation_params.args)
 
 
-def environment() -> dict:
+def environment(kernels=()) -> dict:
+    """What a report names about the machine and software; ``versions``: the distributions the
+    run's kernels declare (``NormKernel.packages``), as installed."""
     import importlib.metadata as md
 
     def version(pkg):
         try:
             return md.version(pkg)
         except md.PackageNotFoundError:
-            return None
+            return "not installed as a distribution"
 
+    packages = sorted({p for k in kernels for p in k.packages})
     env = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "host": platform.node(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": version("triton"),
-        "tilelang": version("tilelang"),
-        "apex": version("apex"),
+        "versions": ", ".join(f"{p} {version(p)}" for p in packages) or None,
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "triton_interpret": os.environ.get("TRITON_INTERPRET"),
@@ -154,3 +162,17 @@ def _with_driver(env: dict) -> dict:
             env["driver"] = None
     return env
 
+
+def device_name(device: str) -> str:
+    """The device a row was timed on; with a GPU its index as the process sees it set (one
+    process times one GPU: CUDA_VISIBLE_DEVICES), so merged runs name the GPU of each row."""
+    import os
+
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name()} #{gpu if gpu is not None else torch.cuda.current_device()}"
+    import platform
+
+    if gpu is not None and os.environ.get("NORMDIFF_FAKE_GPUS"):  # a simulated multi-GPU host
+        return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads) #{gpu}"
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"

@@ -87,9 +87,16 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
     result.findings = guards.inspect(guarded) + guards.inputs_modified(before, inputs.tensors())
     if any(f.kind == "input modified" for f in result.findings):
         oracle.forget()  # the next kernel gets fresh inputs
-    stat_dtype = kernel.stat_dtype(case.torch_dtype, device)
-    extra = compare.rounding_allowance(kernel.rounding, case.op, inputs.x, ref, inputs.weight, inputs.bias, case.torch_dtype)
-    result.errors = compare.compare_outputs(case.op, out, ref, case.torch_dtype, stat_dtype, inputs.weight, extra)
+    result.errors, extra = judge(kernel, case.op, inputs.x, inputs.weight, inputs.bias, out, ref, device)
     if keep_outputs:
         result.outputs, result.y_extra = out, extra
     return result
+
+
+def judge(kernel: NormKernel, op: str, x, weight, bias, out: NormOutputs, ref: NormOutputs, device: str):
+    """Each output of ``kernel`` against the oracle's ``ref`` for the same rows of x, with the
+    allowance its rounding contract and statistics dtype imply (the checks and the benchmarks'
+    verification both judge here). Returns the errors and y's extra allowance."""
+    extra = compare.rounding_allowance(kernel.rounding, op, x, ref, weight, bias, x.dtype)
+    errors = compare.compare_outputs(op, out, ref, x.dtype, kernel.stat_dtype(x.dtype, device), weight, extra)
+    return errors, extra

@@ -3,7 +3,7 @@ backend code runs, and handles the edge inputs the interface accepts (empty batc
 import pytest
 import torch
 
-from harness.plugin import STATE
+from harness.run import STATE
 from harness.runner import device_for
 from impls.base import NormInputError
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from harness.plugin import STATE
+from harness.run import STATE
 
 from impls.base import cuda_present, dtype_name
 

@@ -242,3 +242,17 @@ def copy_ceiling_gbps(device: str, tools: GpuTools | None = None, rounds: int = 
     seconds = statistics.median(timer.run(rounds, warmup=3))
     what = "device-to-device" if device == "cuda" else "host memory"
     return 2 * nbytes / seconds / 1e9, f"{what} copy of {nbytes / 2**30:g} GiB bfloat16, median of {rounds}"
+
+
+def timer_for(fn, regime: str, device: str, gpu: "GpuTools | None"):
+    """The timer for one benchmark (wall clock on the CPU; a CUDA-graph replay for decode, CUDA
+    events for bandwidth) and, where it is not the planned one, why."""
+    if device != "cuda":
+        return WallTimer(fn), None
+    if regime == "decode":
+        try:
+            return GraphTimer(fn, gpu), None
+        except Exception as exc:  # not capturable: say so and time with events
+            torch.cuda.synchronize()
+            return EventTimer(fn, gpu), f"CUDA-graph capture failed ({type(exc).__name__}: {exc})"[:300]
+    return EventTimer(fn, gpu), None

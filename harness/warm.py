@@ -1,7 +1,10 @@
 """Fill the compile caches (TileLang's, Inductor's, Triton's) in parallel before a run.
 
-    python -m harness.warm --backend tilelang,torch_compile --profile full --jobs 16
-    python -m harness.warm --backend tilelang,torch_compile --bench --jobs 16
+    python -m harness.warm --profile full --jobs 16
+    python -m harness.warm --backend tilelang --bench --jobs 16
+
+By default every kernel that declares a compile key (``NormKernel.compile_key``: it compiles per
+shape class) is warmed; ``--backend`` names others.
 
 Kernels that compile per shape (TileLang per N, torch.compile per static shape) would otherwise
 compile one after another inside the single pytest process: minutes of one busy core on a
@@ -59,7 +62,8 @@ def _check(key, case_id: str) -> str | None:
 
 
 def _prepare(key, spec) -> str | None:
-    import torch
+    from harness.cases import Case, make_inputs
+    from impls.base import dtype_name
 
     k = _KERNELS[key]
     try:
@@ -68,10 +72,9 @@ def _prepare(key, spec) -> str | None:
         # One real call too: JIT backends (Triton, Liger) compile on first call, per specialisation
         # (which does not depend on M beyond M % 16, kept by 64 or 65 rows).
         rows = spec.rows if spec.rows <= 64 else (64 if spec.rows % 16 == 0 else 65)
-        x = torch.randn(rows, spec.n, dtype=spec.dtype, device=spec.device)
-        w = torch.ones(spec.n, dtype=spec.dtype, device=spec.device) if spec.has_weight else None
-        b = torch.zeros(spec.n, dtype=spec.dtype, device=spec.device) if spec.has_bias else None
-        k(x, w, b, 1e-5)
+        affine = "weight_bias" if spec.has_bias else ("weight" if spec.has_weight else "none")
+        drawn = make_inputs(Case(spec.op, dtype_name(spec.dtype), (rows, spec.n), affine=affine), spec.device)
+        k(drawn.x, drawn.weight, drawn.bias, drawn.eps)
     except Exception as exc:
         return f"{spec} {key}: {type(exc).__name__}: {exc}"[:300]
     finally:
@@ -84,8 +87,12 @@ def tasks(backends: list[str], profile: str, bench: bool, files: tuple[str, ...]
     from harness.runner import device_for
     from impls import registry
 
+    from impls.base import NormKernel
+
     registry.load_all(files)
-    kernels = [k for k in registry.kernels(backends) if not k.unavailable()]
+    kernels = [k for k in registry.kernels(registry.expand(backends) if backends else None) if not k.unavailable()]
+    if not backends:  # the kernels that compile per shape class
+        kernels = [k for k in kernels if type(k).compile_key is not NormKernel.compile_key]
     if bench:
         from harness import bench as b
         from harness.cases import DTYPES
@@ -109,14 +116,14 @@ def tasks(backends: list[str], profile: str, bench: bool, files: tuple[str, ...]
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.warm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", default="tilelang,torch_compile")
+    p.add_argument("--backend", default="", help="comma-separated backends or patterns (default: those that compile)")
     p.add_argument("--backend-file", action="append", default=[])
     p.add_argument("--profile", default="full", choices=("quick", "full"))
     p.add_argument("--bench", action="store_true", help="the benchmark sweep's shapes instead of the checks")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     a = p.parse_args(argv)
     files = tuple(a.backend_file)
-    work = list(tasks(a.backend.split(","), a.profile, a.bench, files))
+    work = list(tasks([b for b in a.backend.split(",") if b], a.profile, a.bench, files))
     # Cases sharing a specialisation sit next to each other in the catalogue; shuffled, two
     # workers rarely compile the same one at once, and the later one loads it from the cache.
     random.Random(0).shuffle(work)

@@ -56,6 +56,7 @@ def _version() -> str:
 
 class _Apex(NormKernel):
     backend = "apex"
+    packages = ("apex",)
     variant = "fused"
     devices = ("cuda",)
     # apex's kernels round x^ to the input dtype before the weight multiply, and x^ * w again

@@ -117,6 +117,11 @@ class NormKernel:
     # aten operators the kernel calls, by name (e.g. "_fused_rms_norm"): a torch without one
     # makes the kernel unavailable with that reason, not a crash inside the call.
     requires_torch_ops: ClassVar[tuple[str, ...]] = ()
+    # One of normdiff's own kernels (not a peer it is compared with): the benchmark's speed
+    # targets apply to the project's kernels, measured against the best of the others.
+    project: ClassVar[bool] = False
+    # Python distributions whose versions a report states for this kernel (e.g. "triton").
+    packages: ClassVar[tuple[str, ...]] = ()
 
     @property
     def name(self) -> str:
@@ -178,9 +183,10 @@ class NormKernel:
         x: torch.Tensor,
         weight: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
-        eps: float = 1e-6,
+        eps: float | None = None,
         out: NormOutputs | None = None,
     ) -> NormOutputs:
+        eps = DEFAULT_EPS[self.op] if eps is None else eps  # the op's default, as the catalogue's
         validate_inputs(self.op, x, weight, bias, eps)
         x2 = rows_view(x, "x", allow_copy=True)
         spec = spec_of(self.op, x2, x.device.type, weight, bias)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import bench, timing
+from harness import bench, shapes, timing
 from harness.report import benchmark as report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def test_sweep_shapes():
     full = bench.sweep("full", ["rms_norm"], ["bfloat16"], repeat=2)
     bw = [s for s in full if s.regime == "bandwidth"]
     assert all(s.m * s.n >= 2**26 and s.m >= 16384 for s in bw)
-    assert sorted({s.n for s in bw}) == sorted(bench.BANDWIDTH_N + bench.LONG_N)
+    assert sorted({s.n for s in bw}) == sorted(shapes.BANDWIDTH_N + shapes.BENCH_LONG_N)
     assert [s.repeat for s in bw] == [0] * (len(bw) // 2) + [1] * (len(bw) // 2)  # a second whole pass
     assert {(s.m, s.n) for s in full if s.regime == "decode"} == {(m, n) for m in (1, 8, 64) for n in (4096, 8192)}
     assert all(s.m * s.n <= 2**20 for s in bench.sweep("quick", ["rms_norm"], ["float32"]))
@@ -234,7 +234,7 @@ def test_benchmark_compare_still_works(cpu_run):
 
 def _row(kernel, pct, m=16384, n=4096, op="rms_norm", regime="bandwidth", median_s=1e-4, repeat=0):
     return {"op": op, "dtype": "bfloat16", "m": m, "n": n, "regime": regime, "repeat": repeat, "kernel": kernel,
-            "pct": pct, "median_s": median_s}
+            "pct": pct, "median_s": median_s, "project": kernel.split(".")[0] in ("triton", "tilelang")}
 
 
 def test_speed_targets_name_each_gap():
@@ -259,6 +259,17 @@ def test_speed_targets_name_each_gap():
     assert len(dc) == 1 and dc[0]["gaps"] == ["tilelang 2.00 µs > liger.fused 1.50 µs"]
     md = "\n".join(targets.render(rows))
     assert "**1 of 2 shapes meet every target**" in md and "**0 of 1**" in md
+    assert "project backends: tilelang, triton" in md  # from the rows' project flag
+
+
+def test_the_project_is_what_kernels_declare_not_a_backend_name():
+    from harness.report import targets
+
+    # A plug-in that declares itself the project's is judged as the project; triton, not declared, is a peer.
+    rows = [dict(_row("mine.fast", 98.0), project=True), dict(_row("triton.rowwise", 99.0), project=False)]
+    bw, = targets.bandwidth(rows)
+    assert list(bw["project"]) == ["mine"] and bw["peer"][0] == "triton.rowwise"
+    assert "mine 98.0% < triton.rowwise 99.0%" in bw["gaps"]
 
 
 def test_arena_places_a_shape_at_the_same_addresses_every_time():

@@ -23,7 +23,7 @@ import time
 import torch
 
 from harness import timing
-from harness.bench import bandwidth_rows
+from harness.shapes import bandwidth_rows
 from harness.cases import DTYPES
 from impls import registry
 from tools import _session

@@ -22,14 +22,14 @@ import time
 import torch
 
 from harness import timing
-from harness.bench import bandwidth_rows
+from harness.shapes import BANDWIDTH_N, BENCH_LONG_N, bandwidth_rows
 from harness.cases import DTYPES
 from impls import registry
 from tools import _session
 from impls.gpu_limits import next_pow2
 from impls.triton.settings import ROWWISE_MAX_N, SPLIT_MAX, LaunchConfig
 
-NS = (1024, 2048, 4000, 4096, 5120, 8192, 12288, 16384, 32768, 65536, 131072, 262144)
+NS = BANDWIDTH_N + BENCH_LONG_N  # the benchmark's bandwidth shapes
 FP32_NS = (1024, 4096, 5120, 12288, 16384, 65536)
 LOOPED_MIN_N = 4000  # below it one tile holds the row; the looped kernel only adds a second read
 

@@ -4,35 +4,40 @@ much each is missed.
 
 Bandwidth regime (first pass, % of the same run's copy ceiling), at M x N >= 2^26:
 - N in 4000 ... 32768: the project's best kernel >= 97% for RMSNorm, >= 95% for LayerNorm; the
-  best Triton and the best TileLang variant each >= 92%;
+  best kernel of each project backend >= 92%;
 - N in 1024, 2048 (M >= 32768): >= 90%; N in 65536, 262144: >= 85% (both thresholds);
 - every dtype, and at every shape each project backend at least as fast as the best peer.
 Decode regime: each project backend no slower than the best peer.
+
+The project's kernels are those that declare ``NormKernel.project`` (each row says so); every
+other kernel is a peer.
 """
 from __future__ import annotations
 
-PROJECT_BACKENDS = ("triton", "tilelang")
-MIN_ELEMENTS = 2**26
-MID_N = (4000, 4096, 5120, 8192, 12288, 16384, 32768)
-SHORT_N = (1024, 2048)
-LONG_N = (65536, 262144)
+from harness.shapes import (BANDWIDTH_ELEMENTS, TARGET_LONG_N, TARGET_MID_N, TARGET_SHORT_MIN_M,
+                            TARGET_SHORT_N)
 
 
 def thresholds(op: str, m: int, n: int) -> tuple[float, float] | None:
     """(best project kernel, each project backend) in % of copy, or None: no target here."""
-    if m * n < MIN_ELEMENTS:
+    if m * n < BANDWIDTH_ELEMENTS:
         return None
-    if n in MID_N:
+    if n in TARGET_MID_N:
         return (97.0 if op == "rms_norm" else 95.0), 92.0
-    if n in SHORT_N and m >= 32768:
+    if n in TARGET_SHORT_N and m >= TARGET_SHORT_MIN_M:
         return 90.0, 90.0
-    if n in LONG_N:
+    if n in TARGET_LONG_N:
         return 85.0, 85.0
     return None
 
 
 def _backend(kernel: str) -> str:
     return kernel.split(".", 1)[0]
+
+
+def project_backends(rows: list[dict]) -> list[str]:
+    """The backends whose kernels are the project's, as the run's rows declare."""
+    return sorted({_backend(r["kernel"]) for r in rows if r.get("project")})
 
 
 def _by_shape(rows: list[dict], regime: str) -> dict[tuple, list[dict]]:
@@ -55,9 +60,10 @@ def bandwidth(rows: list[dict]) -> list[dict]:
         if limits is None or not rs:
             continue
         best_target, each_target = limits
-        project = {b: _best([r for r in rs if _backend(r["kernel"]) == b], lambda r: r["pct"], max) for b in PROJECT_BACKENDS}
+        project = {b: _best([r for r in rs if r.get("project") and _backend(r["kernel"]) == b], lambda r: r["pct"], max)
+                   for b in project_backends(rows)}
         project = {b: r for b, r in project.items() if r}
-        peer = _best([r for r in rs if _backend(r["kernel"]) not in PROJECT_BACKENDS], lambda r: r["pct"], max)
+        peer = _best([r for r in rs if not r.get("project")], lambda r: r["pct"], max)
         gaps = []
         best = max((r["pct"] for r in project.values()), default=None)
         if best is None:
@@ -78,9 +84,10 @@ def bandwidth(rows: list[dict]) -> list[dict]:
 def decode(rows: list[dict]) -> list[dict]:
     out = []
     for (op, dtype, m, n), rs in sorted(_by_shape(rows, "decode").items(), key=lambda kv: (kv[0][:2], kv[0][3], kv[0][2])):
-        project = {b: _best([r for r in rs if _backend(r["kernel"]) == b], lambda r: r["median_s"], min) for b in PROJECT_BACKENDS}
+        project = {b: _best([r for r in rs if r.get("project") and _backend(r["kernel"]) == b], lambda r: r["median_s"], min)
+                   for b in project_backends(rows)}
         project = {b: r for b, r in project.items() if r}
-        peer = _best([r for r in rs if _backend(r["kernel"]) not in PROJECT_BACKENDS], lambda r: r["median_s"], min)
+        peer = _best([r for r in rs if not r.get("project")], lambda r: r["median_s"], min)
         if not project or not peer:
             continue
         gaps = [f"{b} {r['median_s'] * 1e6:.2f} µs > {peer['kernel']} {peer['median_s'] * 1e6:.2f} µs"
@@ -94,18 +101,19 @@ def render(rows: list[dict]) -> list[str]:
     if not bw and not dc:
         return []
     met_bw, met_dc = sum(not t["gaps"] for t in bw), sum(not t["gaps"] for t in dc)
+    ours = project_backends(rows)
     lines = ["## Speed targets", "",
              f"Bandwidth regime: **{met_bw} of {len(bw)} shapes meet every target**; decode regime: "
-             f"**{met_dc} of {len(dc)}**. The targets (project backends: {', '.join(PROJECT_BACKENDS)}; "
+             f"**{met_dc} of {len(dc)}**. The targets (project backends: {', '.join(ours) or 'none'}; "
              "first pass; % of this run's copy ceiling): at N from 4000 to 32768 the best project "
-             "kernel >= 97% for RMSNorm and >= 95% for LayerNorm, the best Triton and the best TileLang "
-             "variant each >= 92%; >= 90% at N 1024 and 2048; >= 85% at N 65536 and 262144; each "
+             "kernel >= 97% for RMSNorm and >= 95% for LayerNorm, the best kernel of each project backend "
+             ">= 92%; >= 90% at N 1024 and 2048; >= 85% at N 65536 and 262144; each "
              "project backend at least as fast as the best peer at every shape, decode included.", ""]
     if bw:
-        lines += ["| op | dtype | M x N | best project kernel | " + " | ".join(PROJECT_BACKENDS) + " | best peer | gaps |",
-                  "|---|---|---|---|" + "---|" * len(PROJECT_BACKENDS) + "---|---|"]
+        lines += ["| op | dtype | M x N | best project kernel | " + " | ".join(ours) + " | best peer | gaps |",
+                  "|---|---|---|---|" + "---|" * len(ours) + "---|---|"]
         for t in bw:
-            cells = [f"{t['project'][b][1]:.1f}% {t['project'][b][0]}" if b in t["project"] else "-" for b in PROJECT_BACKENDS]
+            cells = [f"{t['project'][b][1]:.1f}% {t['project'][b][0]}" if b in t["project"] else "-" for b in ours]
             peer = f"{t['peer'][1]:.1f}% {t['peer'][0]}" if t["peer"] else "-"
             best = "-" if t["best"] is None else f"{t['best']:.1f}%"
             lines.append(f"| {t['op']} | {t['dtype']} | {t['m']} x {t['n']} | {best} | " + " | ".join(cells)

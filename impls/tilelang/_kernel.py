@@ -28,6 +28,8 @@ def _align_offset(t: torch.Tensor | None) -> int:
 
 class TileLangKernel(NormKernel):
     backend = "tilelang"
+    project = True
+    packages = ("tilelang",)
     devices = ("cuda",)
     # Set by the subclasses: the largest N by capacity, and which kernel takes longer rows.
     capacity: str = ""  # "register" or "" (no structural limit)

@@ -94,6 +94,8 @@ class Launch:
 
 class TritonKernel(NormKernel):
     backend = "triton"
+    project = True
+    packages = ("triton",)
     devices = DEVICES
 
     def availability(self) -> str | None:

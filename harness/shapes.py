@@ -1,0 +1,36 @@
+"""Every row length N and row count M the harness runs, in one place: the check catalogue's
+(harness.cases), the benchmark sweep's (harness.bench) and the speed targets'
+(harness.report.targets)."""
+from __future__ import annotations
+
+# -- checks -----------------------------------------------------------------------------------
+# Row lengths that are not multiples of any block or vector width, and every power of two.
+ODD_N = (1, 7, 127, 129, 769, 1000, 1536, 3000, 4000, 4097, 5120, 12345)
+POW2_N = tuple(2**k for k in range(17))  # 1 .. 65536
+CHECK_LONG_N = (65537, 100000, 131072, 262144)  # beyond one block: for kernels that claim it
+CHECK_LONG_N_QUICK = (65537, 100000)
+TAIL_M = (1, 3, 17, 1025)  # row counts that are not multiples of any rows-per-program
+TAIL_M_FULL = (4096, 16384)  # added in the full profile
+
+# -- benchmarks -------------------------------------------------------------------------------
+# Bandwidth regime: M x N >= BANDWIDTH_ELEMENTS (M >= 16384), N up to 65536 for every kernel and
+# BENCH_LONG_N beyond it for those without a limit; decode regime: a few rows.
+BANDWIDTH_ELEMENTS = 2**26
+BANDWIDTH_N = (1024, 2048, 4000, 4096, 5120, 8192, 12288, 16384, 32768, 65536)
+BENCH_LONG_N = (131072, 262144)
+DECODE_M = (1, 8, 64)
+DECODE_N = (4096, 8192)
+QUICK_BANDWIDTH = ((512, 1024), (128, 4000))  # (M, N) on the CPU and in CI: seconds, not minutes
+QUICK_DECODE = ((8, 4096),)
+
+
+def bandwidth_rows(n: int) -> int:
+    """M of the bandwidth regime at N: M x N >= BANDWIDTH_ELEMENTS, also where N does not divide it."""
+    return max(16384, -(-BANDWIDTH_ELEMENTS // n))
+
+
+# -- speed targets (harness.report.targets) ---------------------------------------------------
+TARGET_MID_N = (4000, 4096, 5120, 8192, 12288, 16384, 32768)
+TARGET_SHORT_N = (1024, 2048)  # at M >= TARGET_SHORT_MIN_M
+TARGET_SHORT_MIN_M = 32768
+TARGET_LONG_N = (65536, 262144)
