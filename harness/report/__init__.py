@@ -1,9 +1,12 @@
 """The correctness report: a JSON document and the markdown a person reads, written atomically.
 
 ``python -m harness.report reports/correctness.json`` renders the markdown again from the JSON.
+Committed reports (``reports/<device>/``) hold the JSON gzipped and slimmed (harness.report.publish);
+``load_report`` reads either form.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -85,12 +88,31 @@ def merge_documents(docs: list[dict]) -> dict:
     return merged
 
 
-def atomic_write(path: Path, text: str) -> None:
+def find_report(path) -> Path | None:
+    """``X.json`` if it exists, else ``X.json.gz`` beside it; None when neither does."""
+    path = Path(path)
+    for p in (path,) if path.suffix == ".gz" else (path, path.with_name(path.name + ".gz")):
+        if p.is_file():
+            return p
+    return None
+
+
+def load_report(path) -> dict:
+    """A report's JSON document, from ``X.json`` or its gzipped form ``X.json.gz``."""
+    found = find_report(path)
+    if found is None:
+        raise FileNotFoundError(f"{path} (nor {Path(path).name}.gz)")
+    data = found.read_bytes()
+    return json.loads(gzip.decompress(data) if found.suffix == ".gz" else data)
+
+
+def atomic_write(path: Path, text: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for everyone to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -121,6 +143,11 @@ def _fmt(v, digits=3) -> str:
             return str(v)
         return f"{v:.{digits}g}"
     return str(v)
+
+
+def _index(i):
+    """An element index as the run prints it: a tuple there, a list once read back from JSON."""
+    return tuple(i) if isinstance(i, list) else i
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -257,7 +284,7 @@ def render_markdown(doc: dict) -> str:
             lines += _table(
                 ["output", "elements out of tolerance", "max abs err", "max ulp err", "rel L2 err", "x allowed", "worst (index: got / expected)"],
                 [[e["output"], f"{e['mismatched']}/{e['numel']}", e["max_abs"], e["max_ulp"], e["rel_l2"], e["worst_ratio"],
-                  f"{e['worst_index']}: {_fmt(e['worst_out'], 9)} / {_fmt(e['worst_ref'], 9)}"] for e in bad],
+                  f"{_index(e['worst_index'])}: {_fmt(e['worst_out'], 9)} / {_fmt(e['worst_ref'], 9)}"] for e in bad],
             )
         if not bad and not r.get("findings") and not r.get("failure_kind"):
             msg = (r.get("message") or "").strip().splitlines()

@@ -4,20 +4,23 @@ side by side, or compare two runs:
     python -m harness.report reports/latest/correctness.json
     python -m harness.report shard1/correctness.json shard2/correctness.json --out reports/merged
     python -m harness.report --compare reports/runs/A reports/runs/B   # run folders or JSON files
+    python -m harness.report --publish reports/runs/A reports/h200    # the committed, slimmed form
 """
 import argparse
-import json
 from pathlib import Path
 
-from harness.report import atomic_write, merge_documents, render_markdown, write_report
+from harness.report import atomic_write, load_report, merge_documents, render_markdown, write_report
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("json", type=Path, nargs="*", help="correctness.json written by pytest harness")
+    parser.add_argument("json", type=Path, nargs="*", help="correctness.json written by pytest harness (or its .json.gz)")
     parser.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"),
                         help="what changed from run A to run B (run folders, or their JSON files)")
+    parser.add_argument("--publish", type=Path, nargs=2, metavar=("RUN", "DEST"),
+                        help="copy a run's markdown and plots into DEST with its JSON slimmed and gzipped "
+                             "(harness/report/publish.py)")
     parser.add_argument("-o", "--output", type=Path, help="markdown path for one JSON (default: beside it, .md)")
     parser.add_argument("--out", type=Path, help="directory for the merged correctness.md and .json")
     args = parser.parse_args(argv)
@@ -29,16 +32,22 @@ def main(argv=None) -> int:
             atomic_write(args.output, text + "\n")
         print(text)
         return 0
+    if args.publish:
+        from harness.report.publish import publish
+
+        for path in publish(*args.publish):
+            print(path)
+        return 0
     if not args.json:
         parser.error("give a correctness.json, several to merge, or --compare A B")
-    docs = [json.loads(p.read_text()) for p in args.json]
+    docs = [load_report(p) for p in args.json]
     if len(docs) > 1 or args.out:
         if not args.out:
             parser.error("merging several reports needs --out DIR")
         md, _ = write_report(merge_documents(docs), args.out)
         print(md)
         return 0
-    out = args.output or args.json[0].with_suffix(".md")
+    out = args.output or Path(str(args.json[0]).removesuffix(".gz")).with_suffix(".md")
     atomic_write(out, render_markdown(docs[0]))
     print(out)
     return 0

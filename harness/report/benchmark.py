@@ -4,7 +4,7 @@
 ``normdiff`` section: skips, failures, environment, copy ceiling) and renders it. To render again
 from a saved document (``benchmark.json``, or any ``--benchmark-json`` file of a normdiff run)::
 
-    python -m harness.report.benchmark reports/benchmark.json [--out DIR]
+    python -m harness.report.benchmark reports/latest/benchmark.json [--out DIR]  # or a .json.gz
     python -m harness.report.benchmark run-bf16/benchmark.json run-fp16/benchmark.json --out DIR  # merged
 
 Times are pytest-benchmark's medians (``stats.median``, seconds); GB/s = bytes / median; "% of
@@ -20,7 +20,7 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.report import _table, atomic_write, targets
+from harness.report import _table, atomic_write, load_report, targets
 
 OP_TITLE = {"rms_norm": "RMSNorm", "layer_norm": "LayerNorm"}
 REPEAT_LIMIT = 0.03  # issue 6: no backend's median may move more than 3% between passes
@@ -44,6 +44,7 @@ def results(doc: dict) -> list[dict]:
             "median_s": median, "rounds": b["stats"].get("rounds"), "bytes": ei["bytes"], "gbps": gbps,
             "ceiling": ei.get("ceiling_gbps"), "pct": 100 * gbps / ei["ceiling_gbps"] if ei.get("ceiling_gbps") else None,
             "timing": ei.get("timing", ""), "timer": ei.get("timer"), "device": ei.get("device"),
+            "project": bool(ei.get("project")),
         })
     base = {(r["group"], r["repeat"]): r["median_s"] for r in rows if r["kernel"] == baseline_name}
     for r in rows:
@@ -171,7 +172,7 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
         ["commit", env.get("commit")],
         ["python / torch / CUDA", f"{env.get('python')} / {env.get('torch')} / {env.get('cuda')}"],
         ["driver", env.get("driver")],
-        ["triton / tilelang / apex / liger", " / ".join(str(env.get(k)) for k in ("triton", "tilelang", "apex", "liger_kernel"))],
+        ["versions", env.get("versions")],
         ["pytest-benchmark", doc.get("version")],
         ["command", f"`{nd.get('command', '-')}`"],
         ["profile", sel.get("profile")],
@@ -372,10 +373,10 @@ def main(argv=None) -> int:
                    help="benchmark.json, or a --benchmark-json file of a normdiff run; several are merged")
     p.add_argument("--out", type=Path, help="directory for benchmark.md and the plots (default: beside the first JSON)")
     args = p.parse_args(argv)
-    doc = merge([json.loads(path.read_text()) for path in args.json])
+    doc = merge([load_report(path) for path in args.json])
     first = args.json[0]
     out = args.out or first.parent
-    same = len(args.json) == 1 and out.resolve() == first.parent.resolve() and first.name == "benchmark.json"
+    same = len(args.json) == 1 and out.resolve() == first.parent.resolve() and first.name.startswith("benchmark.json")
     for path in write_all(doc, out, json_name=None if same else "benchmark.json"):
         print(path)
     return 0

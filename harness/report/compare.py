@@ -1,4 +1,5 @@
-"""Two runs side by side: ``python -m harness.report --compare A B`` (run folders or JSON files).
+"""Two runs side by side: ``python -m harness.report --compare A B`` (run folders or JSON files,
+plain or gzipped as in ``reports/<device>/``).
 
 Correctness: new failures and fixed ones, checks whose error moved by more than a factor of 2,
 skips that appeared or vanished. Speed (when both runs hold a benchmark.json): kernels whose
@@ -7,8 +8,9 @@ median moved by more than the runs' own repeatability (the largest move between 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from harness.report import find_report, load_report
 
 ERROR_FACTOR = 2.0
 # Errors under this fraction of the allowance are noise at the level of the last bits: a move
@@ -18,12 +20,13 @@ DEFAULT_SPEED_MOVE = 0.10
 
 
 def _load(path: Path, name: str) -> dict | None:
+    """``name`` (or ``name.gz``) in a run folder, or beside a given JSON file; None when absent."""
     path = Path(path)
     if path.is_dir():
         path = path / name
-    elif path.name != name:
+    elif path.name.removesuffix(".gz") != name:
         path = path.with_name(name)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return load_report(path) if find_report(path) else None
 
 
 def _worst(rec: dict) -> float | None:
