@@ -17,6 +17,10 @@ from harness.shapes import CHECK_LONG_N, CHECK_LONG_N_QUICK, ODD_N, POW2_N, TAIL
 from impls.base import DEFAULT_EPS, NormSpec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Which of weight and bias a case passes; each is a combination the interface accepts for some
+# op (tests/test_interface.py enumerates them and fails if one is never exercised).
+AFFINE = ("weight_bias", "weight", "bias", "none")
+AFFINE_ID = {"none": "noaffine", "weight": "weightonly", "bias": "biasonly"}  # the case id's suffix
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class Case:
     shape: tuple[int, ...]  # (M, N) or (B, S, N)
     dist: str = "normal"  # see make_x
     eps: float | None = None  # None: the op's default
-    affine: str = "weight_bias"  # "none", "weight" or "weight_bias" (rms_norm has no bias)
+    affine: str = "weight_bias"  # one of AFFINE; rms_norm has no bias ("bias" is LayerNorm's only)
     row_pad: int = 0  # extra elements between rows of x (strided rows)
     tags: tuple[str, ...] = field(default=(), compare=False)  # why the case is in the catalogue
 
@@ -52,7 +56,7 @@ class Case:
 
     @property
     def has_bias(self) -> bool:
-        return self.affine == "weight_bias" and self.op == "layer_norm"
+        return self.affine in ("weight_bias", "bias") and self.op == "layer_norm"
 
     @property
     def id(self) -> str:
@@ -60,7 +64,7 @@ class Case:
         if self.eps is not None:
             parts.append(f"eps{self.eps:g}")
         if self.affine != "weight_bias":
-            parts.append("noaffine" if self.affine == "none" else "weightonly")
+            parts.append(AFFINE_ID[self.affine])
         if self.row_pad:
             parts.append(f"stride{self.n + self.row_pad}")
         return "-".join(parts)
@@ -208,10 +212,12 @@ def _catalogue(profile: str) -> list[Case]:
             for dt in ("float32", "bfloat16"):
                 add(_both_ops(dtype=dt, shape=(9, n), eps=eps, tags=("eps",)))
 
-    # Affine parameters present or absent.
-    for affine in ("none", "weight"):
-        for dt in ("float32", "bfloat16"):
-            add(_both_ops(dtype=dt, shape=(7, 1000), affine=affine, tags=("affine",)))
+    # Affine parameters: every combination the interface accepts (AFFINE), several dtypes and N.
+    for affine in ("none", "weight", "bias"):
+        for dt in all_dtypes if full else ("float32", "bfloat16"):
+            for n in (1000, 4096) if full else (1000,):
+                add([Case(op=op, dtype=dt, shape=(7, n), affine=affine, tags=("affine",))
+                     for op in ("rms_norm", "layer_norm") if op == "layer_norm" or affine != "bias"])
 
     # Layout: strided rows, 3-D input, one row, one column.
     for pad in (64, 1000):
@@ -248,7 +254,7 @@ def catalogue(profile: str = "quick") -> list[Case]:
 
 _ID = re.compile(
     r"(?P<op>[a-z_]+)-(?P<dtype>[a-z0-9]+)-(?P<shape>[0-9x]+)-(?P<dist>[a-z_]+)"
-    r"(?:-eps(?P<eps>[0-9.e+-]+?))?(?:-(?P<affine>noaffine|weightonly))?(?:-stride(?P<stride>[0-9]+))?$"
+    r"(?:-eps(?P<eps>[0-9.e+-]+?))?(?:-(?P<affine>noaffine|weightonly|biasonly))?(?:-stride(?P<stride>[0-9]+))?$"
 )
 
 
@@ -264,7 +270,7 @@ def case_from_id(case_id: str) -> Case:
         shape=shape,
         dist=m["dist"],
         eps=float(m["eps"]) if m["eps"] else None,
-        affine={"noaffine": "none", "weightonly": "weight", None: "weight_bias"}[m["affine"]],
+        affine={v: k for k, v in AFFINE_ID.items()}.get(m["affine"], "weight_bias"),
         row_pad=int(m["stride"]) - shape[-1] if m["stride"] else 0,
     )
 

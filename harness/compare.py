@@ -185,12 +185,40 @@ def compare_outputs(op: str, outputs, ref, x_dtype: torch.dtype, stat_dtype: tor
         got, want = getattr(outputs, name), getattr(ref, name)
         if got is None or want is None:
             continue
-        if name == "mean":  # error of a float32 sum: relative to the row's spread and offset
-            floor = STAT_FLOOR[stat_dtype] * (want.abs() + 1.0 / ref.rstd).nan_to_num(nan=0.0)
-        else:  # a stable variance (two-pass, Welford, Chan) errs by about u * cond relative
-            floor = STAT_FLOOR[stat_dtype] * (want.abs() * cond).nan_to_num(nan=0.0)
-        stats.append(compare(name, got, want, stat_dtype, floor, STAT_ULPS[stat_dtype]))
+        stats.append(compare(name, got, want, stat_dtype, stat_floor(name, op, ref, stat_dtype, cond), STAT_ULPS[stat_dtype]))
     return stats
+
+
+def stat_floor(name: str, op: str, ref, stat_dtype: torch.dtype, cond: torch.Tensor | None = None) -> torch.Tensor:
+    """The absolute part of mean's or rstd's allowance (float64, one per row)."""
+    want = getattr(ref, name)
+    if name == "mean":  # error of a float32 sum: relative to the row's spread and offset
+        return STAT_FLOOR[stat_dtype] * (want.abs() + 1.0 / ref.rstd).nan_to_num(nan=0.0)
+    cond = row_scale(op, ref.mean, ref.rstd, None).squeeze(-1) if cond is None else cond
+    # a stable variance (two-pass, Welford, Chan) errs by about u * cond relative
+    return STAT_FLOOR[stat_dtype] * (want.abs() * cond).nan_to_num(nan=0.0)
+
+
+def stat_allowance(name: str, op: str, ref, stat_dtype: torch.dtype) -> torch.Tensor:
+    """The error allowed in each row's mean or rstd (float64), as compare_outputs allows it."""
+    return STAT_ULPS[stat_dtype] * ulp(getattr(ref, name), stat_dtype) + stat_floor(name, op, ref, stat_dtype)
+
+
+def agreement(op: str, ref, x_dtype: torch.dtype, weight, a: tuple, b: tuple) -> tuple[float, str]:
+    """How far two kernels' outputs on the same inputs are apart, in units of the allowed error
+    (1: as far as either may be from the oracle), over y and the statistics both wrote; and the
+    output where they are furthest apart. ``a`` and ``b``: (outputs, y's extra allowance, stat dtype)."""
+    (oa, ea, sa), (ob, eb, sb) = a, b
+    extras = [e for e in (ea, eb) if e is not None]  # a looser rounding contract widens y's allowance
+    extra = torch.maximum(*extras) if len(extras) == 2 else (extras[0] if extras else None)
+    worst = (distance(oa.y, ob.y, y_allowance(op, ref, x_dtype, weight, extra)), "y")
+    for name in ("mean", "rstd"):
+        ta, tb = getattr(oa, name), getattr(ob, name)
+        if ta is None or tb is None or getattr(ref, name) is None:
+            continue
+        allowed = torch.maximum(stat_allowance(name, op, ref, sa), stat_allowance(name, op, ref, sb))
+        worst = max(worst, (distance(ta.reshape(-1), tb.reshape(-1), allowed.reshape(-1)), name))
+    return worst
 
 
 def distance(a: torch.Tensor, b: torch.Tensor, allowance: torch.Tensor) -> float:

@@ -143,9 +143,10 @@ class HarnessState:
         self._last_write = time.time()
 
     def record_agreement(self, result: CheckResult) -> list[tuple]:
-        """Compare this check's y with every kernel that ran the same case before it in this
-        process; returns the comparisons, (op, dtype, a, b, difference, case id), which reach the
-        controller with the check's report (add_agreement)."""
+        """Compare this check's outputs (y, and the statistics both wrote) with every kernel that
+        ran the same case before it in this process; returns the comparisons, (op, dtype, a, b,
+        difference, case id and the output furthest apart), which reach the controller with the
+        check's report (add_agreement)."""
         case = result.case
         if case.id != self._last_case:
             self._last_case, self._last_outputs = case.id, {}
@@ -153,15 +154,12 @@ class HarnessState:
             return []
         found = []
         inputs, ref = self.oracle.get(case, result.outputs.y.device.type)
-        for other, (other_out, other_extra) in self._last_outputs.items():
-            # A kernel with a looser rounding contract widens the pair's allowance by its extra.
-            extras = [e for e in (result.y_extra, other_extra) if e is not None]
-            extra = torch.maximum(*extras) if len(extras) == 2 else (extras[0] if extras else None)
-            allowance = compare.y_allowance(case.op, ref, case.torch_dtype, inputs.weight, extra)
-            d = compare.distance(result.outputs.y, other_out.y, allowance)
+        mine = (result.outputs, result.y_extra, result.stat_dtype)
+        for other, theirs in self._last_outputs.items():
+            d, output = compare.agreement(case.op, ref, case.torch_dtype, inputs.weight, mine, theirs)
             a, b = sorted((result.kernel, other))
-            found.append((case.op, case.dtype, a, b, float(d), case.id))
-        self._last_outputs[result.kernel] = (result.outputs, result.y_extra)
+            found.append((case.op, case.dtype, a, b, float(d), case.id if output == "y" else f"{case.id} ({output})"))
+        self._last_outputs[result.kernel] = mine
         return found
 
     def add_agreement(self, op, dtype, a, b, d, case_id) -> None:

@@ -24,6 +24,7 @@ class CheckResult:
     findings: list[guards.GuardFinding] = field(default_factory=list)
     outputs: NormOutputs | None = None  # kept for the agreement matrix
     y_extra: torch.Tensor | None = None  # what the kernel's rounding contract adds to y's allowance
+    stat_dtype: torch.dtype | None = None  # the precision of its mean and rstd (their allowance)
 
     @property
     def ok(self) -> bool:
@@ -90,6 +91,7 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
     result.errors, extra = judge(kernel, case.op, inputs.x, inputs.weight, inputs.bias, out, ref, device)
     if keep_outputs:
         result.outputs, result.y_extra = out, extra
+        result.stat_dtype = kernel.stat_dtype(case.torch_dtype, device)
     return result
 
 

@@ -12,6 +12,15 @@ CHECK_LONG_N_QUICK = (65537, 100000)
 TAIL_M = (1, 3, 17, 1025)  # row counts that are not multiples of any rows-per-program
 TAIL_M_FULL = (4096, 16384)  # added in the full profile
 
+# Batch invariance (harness.properties): rows of an M x N case recomputed in smaller batches.
+BATCH_N = (1000, 1024, 4096, 8192, 65536)
+BATCH_N_QUICK = (1000,)
+BATCH_M, BATCH_M_QUICK = 4096, 256
+# Determinism on the CPU: one catalogue case in this many, of at most so many elements (the full
+# profile: every case).
+DETERMINISM_EVERY_QUICK = 3
+DETERMINISM_MAX_ELEMENTS_QUICK = 2**16
+
 # -- benchmarks -------------------------------------------------------------------------------
 # Bandwidth regime: M x N >= BANDWIDTH_ELEMENTS (M >= 16384), N up to 65536 for every kernel and
 # BENCH_LONG_N beyond it for those without a limit; decode regime: a few rows.

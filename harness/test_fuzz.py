@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from harness import runner
 from harness.plugin import record
-from harness.cases import DTYPES, Case
+from harness.cases import AFFINE, DTYPES, Case
 
 # Distributions a drawn case may use (NaN rows stay in the catalogue: one NaN row per case).
 DISTS = ("normal", "offset", "large_mean", "constant", "outlier_first", "tiny", "huge")
@@ -24,7 +24,7 @@ def cases(draw, op: str, max_elems: int):
         shape=shape,
         dist=draw(st.sampled_from(DISTS)),
         eps=draw(st.sampled_from([None, 1e-6, 1e-3, 0.1])),
-        affine=draw(st.sampled_from(["none", "weight", "weight_bias"])),
+        affine=draw(st.sampled_from([a for a in AFFINE if op == "layer_norm" or a != "bias"])),
         row_pad=draw(st.sampled_from([0, 0, 1, 3, 64])),
         tags=("fuzz",),
     )

@@ -16,7 +16,7 @@ from harness.run import STATE
 
 from impls.base import cuda_present, dtype_name
 
-# (variant, dtype, N, affine, M): affine is "weight" / "none" for RMSNorm, "weight_bias" / "weight" /
+# (variant, dtype, N, affine, M): affine is "weight" / "none" for RMSNorm, "weight_bias" / "weight" / "bias" /
 # "none" for LayerNorm; M None (many rows) except for the decode plans (few rows, DECODE_TUNED).
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 VARIANTS = ("naive_row_per_block", "fragment", "splitk", "layer_norm_fwd")
@@ -41,6 +41,7 @@ def _shapes() -> list[tuple[str, torch.dtype, int, str, int | None]]:
     for v in ("fragment", "layer_norm_fwd"):  # the register-capacity edge
         shapes.append((v, torch.bfloat16, 32768, _full(v)))
     shapes.append(("layer_norm_fwd", torch.bfloat16, 4000, "weight"))
+    shapes.append(("layer_norm_fwd", torch.bfloat16, 4000, "bias"))  # every affine combination
     shapes = [s + (None,) for s in shapes]
     for variant, itemsize, n in DECODE_TUNED:
         shapes.append((variant, torch.bfloat16 if itemsize == 2 else torch.float32, n, _full(variant), 1))
@@ -72,7 +73,8 @@ def test_compiles_for_sm90(compile_case, harness_state, request):
         pytest.skip(why)
     if compiler.nvcc_path() is None:
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
-    plan = make_plan(variant, dtype, n, affine != "none", affine == "weight_bias", choose_vec(dtype, n), m=m)
+    has_weight, has_bias = affine in ("weight", "weight_bias"), affine in ("weight_bias", "bias")
+    plan = make_plan(variant, dtype, n, has_weight, has_bias, choose_vec(dtype, n), m=m)
     t0 = time.perf_counter()
     compiled = compiler.compile_plan(plan, compiler.SM90)
     seconds = time.perf_counter() - t0

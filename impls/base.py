@@ -122,6 +122,12 @@ class NormKernel:
     project: ClassVar[bool] = False
     # Python distributions whose versions a report states for this kernel (e.g. "triton").
     packages: ClassVar[tuple[str, ...]] = ()
+    # Why two calls on identical inputs may give different bits (atomics, a reduction order
+    # that changes per call), else None: the harness then reports the difference, not a failure.
+    nondeterministic: ClassVar[str | None] = None
+    # Whether a row's bits are the same whatever else shares the call: True (claimed: a change
+    # fails the check), False (known not to be), None (unknown: measured and reported).
+    batch_invariant: ClassVar[bool | None] = None
 
     @property
     def name(self) -> str:
@@ -225,6 +231,11 @@ class NormKernel:
         compiles. The harness runs the first call of each key under its compile time limit, not
         the check's, and keeps the checks that share a key in few workers."""
         return None
+
+    def m_thresholds(self, spec: NormSpec) -> tuple[int, ...]:
+        """Row counts at which the kernel's plan changes for this problem (its dispatch by M): a
+        plan is used up to and including each. The batch-invariance check runs both sides."""
+        return ()
 
     # -- benchmarking -----------------------------------------------------------------------
     def prepare(self, spec: NormSpec) -> None:

@@ -218,3 +218,32 @@ PLANTED = {
         ShiftsByFirstElement, ClampDropsNan,
     )
 }
+
+
+# -- bugs only the bitwise properties see (harness.properties): within tolerance of the oracle --
+class ReductionOrderPerCall(Correct):
+    """The row's sums taken in an order that changes from call to call, as partial sums combined
+    by atomics are: every call is within tolerance, but two calls differ in the last bits."""
+
+    variant = "reduction_order_per_call"
+    calls = 0
+
+    def statistics(self, x):
+        type(self).calls += 1
+        order = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(self.calls))
+        return super().statistics(x[:, order.to(x.device)])
+
+
+class ReductionOrderByM(Correct):
+    """A dispatch by row count: beyond 64 rows the sums run over the row in reverse, as another
+    plan would order them; a row's last bits then depend on how many rows share the call."""
+
+    variant = "reduction_order_by_m"
+
+    def statistics(self, x):
+        return super().statistics(x.flip(1) if x.shape[0] > 64 else x)
+
+
+# The bugs above, by the check that alone must catch them.
+PROPERTY_PLANTED = {"test_deterministic": ReductionOrderPerCall, "test_batch_invariant": ReductionOrderByM}
+

@@ -126,3 +126,22 @@ def test_rounding_before_affine_is_allowed_exactly_that(op):
     off = (y.double() + 4 * compare.ulp(xhat * w.double(), dt)).to(dt)
     assert not ok(off, "before_affine")
     assert compare.rounding_allowance("before_affine", op, x, ref, None, None, dt) is None
+
+
+def test_agreement_covers_the_statistics_in_allowed_errors():
+    """Two kernels with the same y but an rstd 10 allowances apart disagree by 10, on rstd."""
+    from harness import compare as cmp
+    from harness.cases import Case, make_inputs
+    from impls.base import NormOutputs
+    from impls.reference import reference
+
+    inp = make_inputs(Case("layer_norm", "bfloat16", (8, 1000)))
+    ref = reference("layer_norm", inp.x, inp.weight, inp.bias, inp.eps)
+    out = NormOutputs(y=ref.y.to(torch.bfloat16), mean=ref.mean.float(), rstd=ref.rstd.float())
+    allowed = cmp.stat_allowance("rstd", "layer_norm", ref, torch.float32)
+    off = NormOutputs(y=out.y, mean=out.mean, rstd=(ref.rstd + 10 * allowed).float())
+    same = cmp.agreement("layer_norm", ref, torch.bfloat16, inp.weight, (out, None, torch.float32), (out, None, torch.float32))
+    assert same == (0.0, "y")
+    d, output = cmp.agreement("layer_norm", ref, torch.bfloat16, inp.weight, (out, None, torch.float32),
+                              (off, None, torch.float32))
+    assert output == "rstd" and 8 < d < 12

@@ -91,3 +91,39 @@ def test_benchmarks_time_an_allocating_kernels_own_call_without_the_copy():
     planted = Correct("rms_norm")
     planted.bench_callable(x, w, None, 1e-6, out)()
     assert not torch.isnan(out.y).any()
+
+
+def _accepted_affine(op: str) -> set[tuple[bool, bool]]:
+    """(weight given, bias given) pairs the interface accepts for ``op``, found by asking it."""
+    from impls.base import validate_inputs
+
+    x, p = torch.zeros(2, 8), torch.ones(8)
+    accepted = set()
+    for w in (None, p):
+        for b in (None, p):
+            try:
+                validate_inputs(op, x, w, b, 1e-5)
+            except NormInputError:
+                continue
+            accepted.add((w is not None, b is not None))
+    return accepted
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_every_accepted_weight_and_bias_combination_is_exercised(op):
+    from hypothesis import find
+
+    from harness.cases import catalogue
+    from harness.test_fuzz import cases
+
+    accepted = _accepted_affine(op)
+    assert accepted == ({(False, False), (True, False)} if op == "rms_norm" else
+                        {(False, False), (True, False), (False, True), (True, True)})
+    for profile in ("quick", "full"):
+        found = {(c.has_weight, c.has_bias) for c in catalogue(profile) if c.op == op}
+        assert accepted <= found, f"{profile} catalogue never gives {op} {sorted(accepted - found)}"
+        dtypes = {c.dtype for c in catalogue(profile) if c.op == op and c.tags == ("affine",)}
+        assert len(dtypes) >= 2  # several dtypes for each combination
+    for combo in accepted:  # the fuzzer can draw each
+        drawn = find(cases(op, 20_000), lambda c: (c.has_weight, c.has_bias) == combo)
+        assert (drawn.has_weight, drawn.has_bias) == combo

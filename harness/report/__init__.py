@@ -15,6 +15,8 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from harness.report import properties
+
 SCHEMA = 3  # 3: optional "compiled" (kernels compiled, maybe not run); 2: agreement in allowed errors; 1: in ulps
 # Two kernels whose y differ by more than one allowed error (each may err by one, in opposite
 # directions) get a line of their own: they compute differently enough to look at.
@@ -239,9 +241,11 @@ def render_markdown(doc: dict) -> str:
         + f"** ({sum(total.values())} checks)."
     )
     if kinds:
+        crashes = [k for k in kinds if k in ("crashed", "hung", "compile timeout", "fatal")]
         lines += ["", "Failures by kind, beside wrong results: "
                   + ", ".join(f"**{n} {kind}**" for kind, n in sorted(kinds.items()))
-                  + " (the kernel killed or stalled its worker; each check was charged alone and the run went on)."]
+                  + (" (crashed, hung, compile timeout: the kernel killed or stalled its worker; each check was "
+                     "charged alone and the run went on)." if crashes else ".")]
     lines.append("")
     extra = (["known issue"] if known else []) + (["not run"] if not_run else [])
     lines += _table(["kernel", "op", "check", "passed", "failed", "skipped", *extra], [
@@ -255,6 +259,7 @@ def render_markdown(doc: dict) -> str:
         ])
 
     lines += render_compiled(doc.get("compiled") or ())
+    lines += properties.render(records, _table)
 
     issues = [r for r in records if r.get("outcome") == "known issue"]
     if issues:
@@ -305,9 +310,10 @@ def render_markdown(doc: dict) -> str:
                     [[k, dt, o, *v] for (k, dt, o), v in sorted(worst.items())]) if worst else ["No passing cases."]
 
     lines += ["", "## Agreement between kernels", "",
-              "Largest difference of y between two kernels on the same case, in units of the error each "
-              "may make against the oracle (the tolerance above); cases compared in brackets. "
-              "`inf` means their NaN patterns differ.", ""]
+              "Largest difference between two kernels' outputs on the same case, over y and the statistics "
+              "both write (mean, rstd), in units of the error each may make against the oracle (the "
+              "tolerance above); cases compared in brackets; a worst case names the statistic where one "
+              "was furthest apart. `inf` means their NaN patterns differ.", ""]
     by_table: dict[tuple, dict] = defaultdict(dict)
     unit = "allowed errors"
     for a in doc.get("agreement", ()):

@@ -5,7 +5,7 @@ import torch
 
 from impls.base import NormKernel, NormOutputs, NormSpec, cuda_present
 from impls.tilelang import compiler
-from impls.tilelang.plan import Plan, choose_vec, make_plan, max_vec
+from impls.tilelang.plan import DECODE_MAX_ROWS, Plan, choose_vec, make_plan, max_vec
 
 # TileLang binds the flat buffers' lengths as int32.
 MAX_SPAN = 2**31 - 1
@@ -72,6 +72,13 @@ class TileLangKernel(NormKernel):
         strides = (spec.row_stride, spec.n) if spec.rows > 1 else ()
         vec = choose_vec(spec.dtype, spec.n, strides)
         compiler.compile_plan(self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec, spec.rows))
+
+    def m_thresholds(self, spec: NormSpec) -> tuple[int, ...]:
+        """Few rows may take a decode plan (plan.DECODE_TUNED): another thread count."""
+        vec = choose_vec(spec.dtype, spec.n)
+        few = self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec, 1)
+        many = self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec, None)
+        return (DECODE_MAX_ROWS,) if few != many else ()
 
     def compile_key(self, spec: NormSpec):
         """The plan ``prepare`` compiles: M and the strides are run-time values."""

@@ -21,6 +21,7 @@ class TileLangRMSNormNaive(_TileLangRMSNorm):
     """Two reads of x, partial sums in shared memory; loops over the row, so any N."""
 
     variant = "naive_row_per_block"
+    batch_invariant = True  # one plan for every M, one row per block
 
 
 @register
@@ -28,6 +29,7 @@ class TileLangRMSNormFragment(_TileLangRMSNorm):
     """One read of x; the whole row in a register fragment."""
 
     variant = "fragment"
+    batch_invariant = False  # few rows may take a decode plan (m_thresholds)
     max_n = FRAGMENT_MAX_N
     capacity = "register"
     longer_rows_by = "tilelang.splitk"
@@ -38,3 +40,4 @@ class TileLangRMSNormSplitK(_TileLangRMSNorm):
     """Two reads of x in blk_k segments, the second pass in reverse; any N."""
 
     variant = "splitk"
+    batch_invariant = True  # one plan for every M, one row per block

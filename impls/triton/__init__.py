@@ -20,7 +20,7 @@ if not _launch.cuda_present() and "triton" not in sys.modules:
 # Importing the modules registers their kernels. The dispatch functions below then take over
 # the package attributes rms_norm and layer_norm; the modules stay importable by full name
 # (from impls.triton.rms_norm import ...).
-from impls.triton import layer_norm, rms_norm  # noqa: E402,F401
+from impls.triton import dispatch, layer_norm, rms_norm  # noqa: E402,F401
 from impls.triton._launch import choose_variant  # noqa: E402
 
 __all__ = ["availability", "note", "choose_variant", "rms_norm", "layer_norm"]
@@ -35,18 +35,20 @@ def note() -> str:
     return _launch.note()
 
 
-def _kernel(op: str, x):
+def _kernel(op: str, batch_invariant: bool):
     from impls import registry
 
-    n = x.shape[-1] if x.dim() else 0
-    return registry.get(op, "triton", choose_variant(op, n, x.dtype, m=x.numel() // n if n else 0))
+    return registry.get(op, "triton", "invariant" if batch_invariant else "auto")
 
 
-def rms_norm(x, weight=None, eps: float = 1e-6, out=None):
-    """RMSNorm over the last dimension; returns NormOutputs(y, rstd=...)."""
-    return _kernel("rms_norm", x)(x, weight, None, eps, out)
+def rms_norm(x, weight=None, eps: float = 1e-6, out=None, batch_invariant: bool = False):
+    """RMSNorm over the last dimension; returns NormOutputs(y, rstd=...). The variant and launch
+    setting follow N, dtype and the row count M; ``batch_invariant=True`` makes the choice as for
+    many rows at every M, so a row's bits never depend on how many rows share the call."""
+    return _kernel("rms_norm", batch_invariant)(x, weight, None, eps, out)
 
 
-def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, out=None):
-    """LayerNorm over the last dimension; returns NormOutputs(y, mean=..., rstd=...)."""
-    return _kernel("layer_norm", x)(x, weight, bias, eps, out)
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, out=None, batch_invariant: bool = False):
+    """LayerNorm over the last dimension; returns NormOutputs(y, mean=..., rstd=...).
+    ``batch_invariant`` as for rms_norm."""
+    return _kernel("layer_norm", batch_invariant)(x, weight, bias, eps, out)

@@ -14,9 +14,9 @@ from functools import lru_cache
 import torch
 
 from impls.base import NormKernel, cuda_present
-from impls.gpu_limits import cdiv
+from impls.gpu_limits import cdiv, next_pow2
 from impls.triton import settings
-from impls.triton.settings import ROWWISE_MAX_N, LaunchConfig, launch_config
+from impls.triton.settings import DECODE_MAX_ROWS, DECODE_MIN_BLOCK, ROWWISE_MAX_N, LaunchConfig, launch_config
 
 
 def interpret_requested() -> bool:
@@ -120,6 +120,9 @@ class TritonKernel(NormKernel):
     def config(self, n: int, dtype: torch.dtype, m: int | None = None) -> LaunchConfig:
         return launch_config(n, dtype, looped=self.variant == "looped", op=self.op, m=m)
 
+    # The looped kernels' setting depends on N and dtype alone, and each row is reduced on its own.
+    batch_invariant = True
+
     _recorded: list | None = None
 
     def launches(self, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-6,
@@ -178,6 +181,11 @@ class RowwiseKernel(TritonKernel):
     variant = "rowwise"
     max_n = ROWWISE_MAX_N
     _row_kernel_name: str
+    # Few rows take the decode setting (another form and warp count, so another reduction order).
+    batch_invariant = False
+
+    def m_thresholds(self, spec) -> tuple[int, ...]:
+        return (DECODE_MAX_ROWS,) if next_pow2(spec.n) >= DECODE_MIN_BLOCK else ()
 
     def _meta(self, cfg: LaunchConfig) -> dict:
         rows = {} if cfg.one_row else super()._meta(cfg)

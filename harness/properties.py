@@ -1,0 +1,139 @@
+"""Properties a kernel's outputs must have beyond being within tolerance of the oracle, judged
+bit for bit:
+
+- **determinism**: two calls on identical inputs, into fresh outputs, give the same bits;
+- **batch invariance**: a row's bits do not depend on how many other rows share the call, or
+  where the row sits among them (LLM inference engines rely on it for reproducible sampling).
+
+Both catch defects that stay within tolerance: a reduction order that changes from call to call
+(atomics, a persistent grid) or with M (a dispatch by row count, a split chosen by M).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from harness import shapes
+from harness.cases import Case, make_inputs
+from impls.base import NormKernel, NormOutputs, rows_view
+
+# Batch sizes every kernel is checked at; each kernel's declared M thresholds add both sides.
+BATCH_SIZES = (1, 2, 7, 64, 128, 129, 1024)
+QUICK_BATCH_SIZES = (1, 2, 7, 64, 129)  # CPU: the interpreter runs every program in Python
+SAMPLE_ROWS = 3  # rows of the case recomputed in each batch: first, middle, last
+_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass
+class BitDiff:
+    output: str
+    differ: int  # elements whose bits differ
+    numel: int
+    max_ulps: int  # largest distance in units in the last place (ordered bit patterns)
+
+    def summary(self) -> str:
+        return f"{self.output}: {self.differ} of {self.numel} elements differ, by up to {self.max_ulps} ulp"
+
+
+def bit_diffs(a: NormOutputs, b: NormOutputs) -> list[BitDiff]:
+    """Outputs whose bits differ between two calls (NaN payloads included), with how much."""
+    found = []
+    for name, ta in a.fields().items():
+        tb = getattr(b, name)
+        ia = ta.contiguous().view(_INT[ta.element_size()]).long()
+        ib = tb.contiguous().view(_INT[tb.element_size()]).long()
+        differ = ia != ib
+        if differ.any():
+            found.append(BitDiff(name, int(differ.sum()), ta.numel(), int(_ordered(ia, ta).sub(_ordered(ib, tb)).abs().max())))
+    return found
+
+
+def _ordered(bits: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Bit patterns mapped so that adjacent floats are adjacent integers (for a ulp distance)."""
+    top = 1 << (8 * like.element_size() - 1)
+    return torch.where(bits < 0, -(bits + top), bits) if like.element_size() < 8 else bits
+
+
+# -- determinism ----------------------------------------------------------------------------------
+def determinism(kernel: NormKernel, case: Case, device: str) -> list[BitDiff]:
+    """Two calls on the case's inputs, each into outputs the kernel allocates; what differs."""
+    inp = make_inputs(case, device)
+    first = kernel(inp.x, inp.weight, inp.bias, inp.eps)
+    second = kernel(inp.x, inp.weight, inp.bias, inp.eps)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return bit_diffs(first, second)
+
+
+# -- batch invariance -----------------------------------------------------------------------------
+@dataclass
+class BatchResult:
+    sizes: list[int]
+    changes: dict[int, list[str]] = field(default_factory=dict)  # batch size -> what differed
+    nondeterministic: bool = False  # the full call gave other bits when repeated: not judged
+
+    @property
+    def invariant(self) -> bool:
+        return not self.changes
+
+    def summary(self) -> str:
+        if self.invariant:
+            return f"the same bits in batches of {', '.join(map(str, self.sizes))} rows"
+        return "; ".join(f"M={m}: {', '.join(v)}" for m, v in sorted(self.changes.items()))
+
+
+def batch_sizes(kernel: NormKernel, case: Case, device: str, quick: bool) -> list[int]:
+    sizes = set(QUICK_BATCH_SIZES if quick else BATCH_SIZES)
+    for t in kernel.m_thresholds(case.spec(device)):
+        sizes |= {t, t + 1}
+    return sorted(s for s in sizes if s >= 1)
+
+
+def batch_invariance(kernel: NormKernel, case: Case, device: str, quick: bool) -> BatchResult:
+    """Sample rows of the case recomputed inside batches of other sizes, each row at a position
+    that moves with the size (the other rows: the case's own rows around it, repeated where the
+    case has fewer), compared bit for bit with the same rows in the case's full call."""
+    inp = make_inputs(case, device)
+    x = rows_view(inp.x, "x", allow_copy=True)
+    m = x.shape[0]
+    full = kernel(x, inp.weight, inp.bias, inp.eps)
+    result = BatchResult(batch_sizes(kernel, case, device, quick))
+    if bit_diffs(full, kernel(x, inp.weight, inp.bias, inp.eps)):  # a change would mean nothing
+        result.nondeterministic = True
+        return result
+    rows = sorted({0, m // 2, m - 1})[:SAMPLE_ROWS]
+    for size in result.sizes:
+        for row in rows:
+            pos = (row * 7 + size) % size  # a different position for each size and row
+            idx = (torch.arange(size, device=x.device) - pos + row) % m
+            part = kernel(x[idx].contiguous(), inp.weight, inp.bias, inp.eps)
+            got = NormOutputs(**{k: t[pos:pos + 1] for k, t in part.fields().items()})
+            want = NormOutputs(**{k: t[row:row + 1] for k, t in full.fields().items()})
+            for d in bit_diffs(got, want):
+                result.changes.setdefault(size, [])
+                if d.output not in result.changes[size]:
+                    result.changes[size].append(d.output)
+    return result
+
+
+def batch_cases(profile: str) -> list[Case]:
+    """The cases of the batch-invariance check: M x N of plain normal rows, both ops."""
+    full = profile == "full"
+    dtypes = ("float32", "float16", "bfloat16") if full else ("float32", "bfloat16")
+    m = shapes.BATCH_M if full else shapes.BATCH_M_QUICK
+    return [Case(op=op, dtype=dt, shape=(m, n), tags=("batch invariance",))
+            for op in ("rms_norm", "layer_norm") for dt in dtypes
+            for n in (shapes.BATCH_N if full else shapes.BATCH_N_QUICK)]
+
+
+def determinism_cases(cases: list[Case], profile: str) -> list[Case]:
+    """The catalogue cases the determinism check runs: all of them in the full profile; in the
+    quick one (the CPU, where an interpreted call is slow) a fixed sample of the smaller ones."""
+    if profile == "full":
+        return list(cases)
+    return [c for c in cases if c.seed % shapes.DETERMINISM_EVERY_QUICK == 0
+            and c.rows * c.n <= shapes.DETERMINISM_MAX_ELEMENTS_QUICK]
+
+
+__all__ = ["BitDiff", "BatchResult", "bit_diffs", "determinism", "batch_invariance", "batch_cases", "determinism_cases"]

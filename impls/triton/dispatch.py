@@ -1,0 +1,72 @@
+"""The Triton dispatch entry points as kernels of their own, so the harness checks and times what
+users call (``impls.triton.rms_norm`` / ``layer_norm``):
+
+- ``triton.auto``: the variant by op, N and dtype (settings.DISPATCH), rowwise with its decode
+  setting for few rows. Batch-variant: a row's bits can change when M crosses DECODE_MAX_ROWS.
+- ``triton.invariant`` (``batch_invariant=True``): the same choice made as for many rows whatever
+  M is, so one plan serves every M and a row's bits never depend on the rest of the batch.
+"""
+from __future__ import annotations
+
+from impls import registry
+from impls.base import NormOutputs
+from impls.registry import register
+from impls.triton._launch import TritonKernel, choose_variant
+from impls.triton.settings import DECODE_MAX_ROWS
+
+
+class _Dispatch(TritonKernel):
+    invariant: bool = False
+
+    def target(self, n: int, dtype, m: int | None) -> TritonKernel:
+        """The registered variant a call on M rows of N runs."""
+        return registry.get(self.op, "triton", choose_variant(self.op, n, dtype, None if self.invariant else m))
+
+    def unsupported(self, spec) -> str | None:
+        return self.target(spec.n, spec.dtype, spec.rows).unsupported(spec)
+
+    def compile_key(self, spec):
+        target = self.target(spec.n, spec.dtype, spec.rows)
+        key = target.compile_key(spec)
+        return None if key is None else (self.invariant, key)
+
+    def m_thresholds(self, spec) -> tuple[int, ...]:
+        return () if self.invariant else (DECODE_MAX_ROWS,)
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs, cfg=None) -> None:
+        m, n = x.shape
+        target = self.target(n, x.dtype, m)
+        if self.invariant and cfg is None:
+            cfg = target.config(n, x.dtype, None)  # the many-rows setting at every M
+        target._forward(x, weight, bias, eps, out, cfg)
+
+
+class _Auto(_Dispatch):
+    variant = "auto"
+    batch_invariant = False
+
+
+class _Invariant(_Dispatch):
+    variant = "invariant"
+    invariant = True
+    batch_invariant = True
+
+
+@register
+class TritonRMSNormAuto(_Auto):
+    op, outputs = "rms_norm", ("y", "rstd")
+
+
+@register
+class TritonRMSNormInvariant(_Invariant):
+    op, outputs = "rms_norm", ("y", "rstd")
+
+
+@register
+class TritonLayerNormAuto(_Auto):
+    op, outputs = "layer_norm", ("y", "mean", "rstd")
+
+
+@register
+class TritonLayerNormInvariant(_Invariant):
+    op, outputs = "layer_norm", ("y", "mean", "rstd")
