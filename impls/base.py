@@ -237,6 +237,20 @@ class NormKernel:
         plan is used up to and including each. The batch-invariance check runs both sides."""
         return ()
 
+    # -- compiling without the device --------------------------------------------------------
+    def offline_builds(self) -> tuple:
+        """Builds (hashable descriptions, such as (dtype, N, affine, M)) whose compilation the
+        harness checks on any machine, GPU or not; empty for a kernel that compiles only when it
+        runs."""
+        return ()
+
+    def build_offline(self, build) -> dict:
+        """Compile one of ``offline_builds`` for the target architecture without running it; what
+        the compiler reports: "arch" (asked for) and "sass_arch" (in the binary), "registers",
+        "spill_stores", "spill_loads", "executed" (whether this machine also runs that code), and
+        whatever else the report should show. Raises UnsupportedCase when it cannot compile here."""
+        raise UnsupportedCase(f"{self.name} declares no offline builds")
+
     # -- benchmarking -----------------------------------------------------------------------
     def prepare(self, spec: NormSpec) -> None:
         """Compile or autotune for ``spec`` ahead of a timed run; the benchmark calls it first."""

@@ -3,7 +3,7 @@
 
 tilelang is imported on first use only, so this package imports (and its kernels register,
 shown as skipped with the reason) where tilelang is missing. Without a CUDA device the kernels
-still compile for sm_90 (harness/test_tilelang_compile.py), but none is executed.
+still compile for sm_90 (harness/test_offline_compile.py, through offline_builds), but none is executed.
 
 Each kernel has ``prepare(spec)``, which compiles ahead of a timed region. One compilation per
 (kernel, dtype, N, affine flags, vector width); M and the row strides are runtime values.

@@ -1,11 +1,13 @@
 """What the four TileLang kernels share: availability, capacity, planning and the launch."""
 from __future__ import annotations
 
+import time
+
 import torch
 
-from impls.base import NormKernel, NormOutputs, NormSpec, cuda_present
+from impls.base import NormKernel, NormOutputs, NormSpec, UnsupportedCase, cuda_present
 from impls.tilelang import compiler
-from impls.tilelang.plan import DECODE_MAX_ROWS, Plan, choose_vec, make_plan, max_vec
+from impls.tilelang.plan import DECODE_MAX_ROWS, DECODE_TUNED, Plan, choose_vec, make_plan, max_vec
 
 # TileLang binds the flat buffers' lengths as int32.
 MAX_SPAN = 2**31 - 1
@@ -79,6 +81,40 @@ class TileLangKernel(NormKernel):
         few = self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec, 1)
         many = self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec, None)
         return (DECODE_MAX_ROWS,) if few != many else ()
+
+    def offline_builds(self) -> tuple:
+        """(dtype, N, affine, M) built for sm_90 on any machine: a power of two, a padded N (vec 8
+        fits) and an odd N (scalar accesses) in every dtype; no affine; long rows (splitk); the
+        register-capacity edge; every affine combination; the decode plans (M = 1)."""
+        full = "weight_bias" if self.op == "layer_norm" else "weight"
+        builds = [(dt, n, full, None) for dt in ("float32", "float16", "bfloat16") for n in (4096, 4000, 769)]
+        builds.append(("bfloat16", 4000, "none", None))
+        if self.variant == "splitk":
+            builds += [(dt, n, "weight", None) for dt in ("float32", "float16", "bfloat16") for n in (65536, 100000)]
+        if self.max_n is not None:
+            builds.append(("bfloat16", self.max_n, full, None))
+        if self.op == "layer_norm":
+            builds += [("bfloat16", 4000, "weight", None), ("bfloat16", 4000, "bias", None)]
+        builds += [("bfloat16" if size == 2 else "float32", n, full, 1)
+                   for variant, size, n in DECODE_TUNED if variant == self.variant]
+        return tuple(builds)
+
+    def build_offline(self, build) -> dict:
+        dtype, n, affine, m = build
+        tl, why = compiler.tilelang_module()
+        if tl is None:
+            raise UnsupportedCase(why)
+        if compiler.nvcc_path() is None:
+            raise UnsupportedCase("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
+        dt = getattr(torch, dtype)
+        plan = make_plan(self.variant, dt, n, affine in ("weight", "weight_bias"), affine in ("weight_bias", "bias"),
+                         choose_vec(dt, n), m=m)
+        t0 = time.perf_counter()
+        compiled = compiler.compile_plan(plan, compiler.SM90)
+        seconds = time.perf_counter() - t0
+        return {"dtype": dtype, "n": n, "affine": affine, "vec": plan.vec, "threads": plan.threads,
+                "seconds": round(seconds, 2), "executed": cuda_present() and compiler.default_target() == compiler.SM90,
+                **compiler.ptxas_report(compiled).to_dict()}
 
     def compile_key(self, spec: NormSpec):
         """The plan ``prepare`` compiles: M and the strides are run-time values."""
