@@ -78,6 +78,19 @@ class NormOutputs:
         return {k: v for k, v in (("y", self.y), ("mean", self.mean), ("rstd", self.rstd)) if v is not None}
 
 
+@dataclass
+class NormGrads:
+    """What a backward pass writes: dx (x's shape and dtype) always; dw and db (N, in the
+    parameter's dtype) where the forward had weight and bias."""
+
+    dx: torch.Tensor
+    dw: torch.Tensor | None = None
+    db: torch.Tensor | None = None
+
+    def fields(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in (("dx", self.dx), ("dw", self.dw), ("db", self.db)) if v is not None}
+
+
 @dataclass(frozen=True)
 class NormSpec:
     """What a kernel needs to know to say whether it can run a problem, without the tensors."""
@@ -212,6 +225,46 @@ class NormKernel:
         )
         self._forward(x2, weight, bias, float(eps), out2)
         return out
+
+    # -- the backward (optional) ------------------------------------------------------------
+    @property
+    def has_backward(self) -> bool:
+        return type(self)._backward is not NormKernel._backward
+
+    def backward(self, x: torch.Tensor, weight, bias, dy: torch.Tensor, saved: NormOutputs,
+                 eps: float | None = None, out: NormGrads | None = None) -> NormGrads:
+        """dx, dw and db for the forward call on x, weight and bias that gave ``saved`` (this
+        kernel's own mean and rstd), and the gradient ``dy`` of y; into ``out`` where given."""
+        if not self.has_backward:
+            raise UnsupportedCase(f"{self.name} has no backward")
+        eps = DEFAULT_EPS[self.op] if eps is None else eps
+        validate_inputs(self.op, x, weight, bias, eps)
+        if dy.shape != x.shape or dy.dtype != x.dtype or dy.device != x.device:
+            raise NormInputError(f"dy must match x: {tuple(dy.shape)} {dtype_name(dy.dtype)} on {dy.device}, "
+                                 f"x is {tuple(x.shape)} {dtype_name(x.dtype)} on {x.device}")
+        for name in self.outputs[1:]:
+            if getattr(saved, name) is None:
+                raise NormInputError(f"{self.name}'s backward needs the forward's saved {name}")
+        if out is None:
+            out = NormGrads(dx=torch.empty_like(x),
+                            dw=None if weight is None else torch.empty_like(weight),
+                            db=None if bias is None else torch.empty_like(bias))
+        x2, dy2 = rows_view(x, "x", allow_copy=True), rows_view(dy, "dy", allow_copy=True)
+        if x2.shape[0]:
+            grads = NormGrads(dx=rows_view(out.dx, "out.dx", allow_copy=False), dw=out.dw, db=out.db)
+            stats = NormOutputs(y=x2, mean=None if saved.mean is None else saved.mean.reshape(-1),
+                                rstd=None if saved.rstd is None else saved.rstd.reshape(-1))
+            self._backward(x2, weight, bias, dy2, stats, float(eps), grads)
+        else:
+            for t in (out.dw, out.db):
+                if t is not None:
+                    t.zero_()
+        return out
+
+    def _backward(self, x: torch.Tensor, weight, bias, dy: torch.Tensor, saved: NormOutputs, eps: float,
+                  out: NormGrads) -> None:
+        """Write dx (and dw, db where given) for 2-D rows; ``saved`` holds mean and rstd per row."""
+        raise NotImplementedError
 
     def allocate(self, x: torch.Tensor) -> NormOutputs:
         lead = x.shape[:-1]

@@ -1,6 +1,8 @@
 """The float64 oracle: plain textbook math on the same low-precision inputs the kernel saw."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from impls.base import NormOutputs
@@ -25,3 +27,40 @@ def reference(op: str, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-
     if bias is not None:
         y = y + bias.double()
     return NormOutputs(y=y, mean=mean, rstd=rstd)
+
+
+@dataclass
+class Gradients:
+    """What a backward pass gives: dx always; dw and db where the forward had weight and bias."""
+
+    dx: torch.Tensor
+    dw: torch.Tensor | None = None
+    db: torch.Tensor | None = None
+
+
+def reference_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight=None, bias=None,
+                       eps: float = 1e-6) -> Gradients:
+    """dx, dw and db in float64 from the analytic formulas, on the same low-precision x, dy,
+    weight and bias a kernel sees (rows over the last dimension, any leading shape). With
+    x^ = (x - mean) * rstd (LayerNorm) or x * rstd (RMSNorm) and g = dy * w (dy without a weight):
+
+    - RMSNorm:   dx = rstd * (g - x^ * mean(g * x^))
+    - LayerNorm: dx = rstd * (g - mean(g) - x^ * mean(g * x^))
+    - dw = sum over rows of dy * x^;  db = sum over rows of dy.
+
+    The mean term of LayerNorm's dx is the one a kernel forgets; rstd is the forward's, not
+    recomputed. ``tests/test_reference.py`` holds these to torch.autograd in float64."""
+    fwd = reference(op, x, None, None, eps)
+    xhat = fwd.y  # no affine: the normalised row
+    rstd = fwd.rstd.unsqueeze(-1)
+    dy64 = dy.double()
+    g = dy64 * weight.double() if weight is not None else dy64
+    proj = (g * xhat).mean(dim=-1, keepdim=True)
+    if op == "layer_norm":
+        dx = rstd * (g - g.mean(dim=-1, keepdim=True) - xhat * proj)
+    else:
+        dx = rstd * (g - xhat * proj)
+    lead = tuple(range(x.dim() - 1))
+    dw = (dy64 * xhat).sum(dim=lead) if weight is not None else None
+    db = dy64.sum(dim=lead) if bias is not None else None
+    return Gradients(dx=dx, dw=dw, db=db)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from impls.base import NormKernel, NormOutputs
+from impls.base import NormGrads, NormKernel, NormOutputs
 from impls.registry import register
 
 
@@ -36,6 +36,17 @@ class TorchRMSNorm(_TorchEager):
         out.y.copy_(y)
         out.rstd.copy_(rstd.view(-1))
 
+    def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
+        # autograd of the fused op (its backward kernel exists on CUDA only; autograd picks what
+        # runs here); it recomputes rstd from x rather than taking the saved one.
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (x, weight) if t is not None]
+            y = self._call(leaves[0], leaves[1] if weight is not None else None, None, eps)[0]
+            grads = torch.autograd.grad(y, leaves, dy)
+        out.dx.copy_(grads[0])
+        if out.dw is not None:
+            out.dw.copy_(grads[1])
+
 
 @register
 class TorchLayerNorm(_TorchEager):
@@ -50,3 +61,14 @@ class TorchLayerNorm(_TorchEager):
         out.y.copy_(y)
         out.mean.copy_(mean.view(-1))
         out.rstd.copy_(rstd.view(-1))
+
+    def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
+        stat = self.stat_dtype(x.dtype, x.device.type)  # what aten's backward expects its statistics in
+        mean, rstd = saved.mean.view(-1, 1).to(stat), saved.rstd.view(-1, 1).to(stat)
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+            dy, x, [x.shape[-1]], mean, rstd, weight, bias, [True, weight is not None, bias is not None])
+        out.dx.copy_(dx)
+        if out.dw is not None:
+            out.dw.copy_(dw)
+        if out.db is not None:
+            out.db.copy_(db)

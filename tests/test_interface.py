@@ -127,3 +127,44 @@ def test_every_accepted_weight_and_bias_combination_is_exercised(op):
     for combo in accepted:  # the fuzzer can draw each
         drawn = find(cases(op, 20_000), lambda c: (c.has_weight, c.has_bias) == combo)
         assert (drawn.has_weight, drawn.has_bias) == combo
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_eager_backward_into_given_buffers_matches_the_float64_backward(op):
+    """The backward interface's plumbing (3-D rows, given buffers, the saved statistics), on
+    torch's own backward; float32, so plain relative closeness suffices here."""
+    from impls.base import NormGrads
+    from impls.reference import reference_backward
+
+    registry.load_all()
+    k = registry.get(op, "torch", "eager")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 300, generator=g) + (2.0 if op == "layer_norm" else 0.0)
+    w, dy = torch.randn(300, generator=g), torch.randn(2, 5, 300, generator=g)
+    b = torch.randn(300, generator=g) if op == "layer_norm" else None
+    saved = k(x, w, b)
+    out = NormGrads(dx=torch.full_like(x, float("nan")), dw=torch.full_like(w, float("nan")),
+                    db=None if b is None else torch.full_like(b, float("nan")))
+    got = k.backward(x, w, b, dy, saved, out=out)
+    assert got is out
+    want = reference_backward(op, x, dy, w, b, 1e-6 if op == "rms_norm" else 1e-5)
+    for name, t in got.fields().items():
+        ref = getattr(want, name)
+        assert (t.double() - ref).abs().max() <= 1e-5 * ref.abs().max(), name
+
+
+def test_backward_refuses_what_it_cannot_use():
+    from impls.base import NormInputError, UnsupportedCase
+
+    registry.load_all()
+    k = registry.get("layer_norm", "torch", "eager")
+    x = torch.randn(3, 8)
+    saved = k(x)
+    with pytest.raises(NormInputError, match="dy must match x"):
+        k.backward(x, None, None, torch.randn(3, 8, dtype=torch.float64), saved)
+    with pytest.raises(NormInputError, match="saved mean"):
+        k.backward(x, None, None, torch.randn(3, 8), type(saved)(y=saved.y, rstd=saved.rstd))
+    with pytest.raises(UnsupportedCase, match="has no backward"):
+        Correct("rms_norm").backward(x, None, None, torch.randn(3, 8), saved)
+    empty = k.backward(torch.randn(0, 8), torch.ones(8), None, torch.randn(0, 8), k(torch.randn(0, 8)))
+    assert empty.dx.shape == (0, 8) and empty.dw.abs().sum() == 0

@@ -116,7 +116,8 @@ def test_backend_that_cannot_load_is_skipped_with_its_reason(tmp_path):
     records = doc["records"]
     assert records and all(r["outcome"] == "skipped" for r in records)
     assert all(r["reason"].startswith("triton not importable") for r in records)
-    assert {r["kernel"] for r in records} == {"triton.rowwise", "triton.looped", "triton.split"}
+    assert {r["kernel"] for r in records} == {"triton.rowwise", "triton.looped", "triton.split", "triton.auto",
+                                             "triton.invariant"}
     md = (tmp_path / "correctness.md").read_text()
     assert f"**0 passed, 0 failed, {len(records)} skipped**" in md
     assert "unavailable: triton not importable" in md
