@@ -23,6 +23,12 @@ AFFINE = ("weight_bias", "weight", "bias", "none")
 AFFINE_ID = {"none": "noaffine", "weight": "weightonly", "bias": "biasonly"}  # the case id's suffix
 
 
+def affine_of(has_weight: bool, has_bias: bool) -> str:
+    """The AFFINE value of a weight and bias given or not (the inverse of Case.has_weight/has_bias)."""
+    return {(True, True): "weight_bias", (True, False): "weight", (False, True): "bias", (False, False): "none"}[
+        (has_weight, has_bias)]
+
+
 @dataclass(frozen=True)
 class Case:
     op: str

@@ -24,6 +24,7 @@ from harness.runner import CheckResult, OracleCache, device_for
 from impls import registry
 from impls.base import OPS, NormKernel
 
+
 def pytest_addoption(parser):
     group = parser.getgroup("normdiff")
     group.addoption("--backend", default="all", help=backend_help())

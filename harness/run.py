@@ -166,13 +166,9 @@ def _with_driver(env: dict) -> dict:
 def device_name(device: str) -> str:
     """The device a row was timed on; with a GPU its index as the process sees it set (one
     process times one GPU: CUDA_VISIBLE_DEVICES), so merged runs name the GPU of each row."""
-    import os
-
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     if device == "cuda":
         return f"{torch.cuda.get_device_name()} #{gpu if gpu is not None else torch.cuda.current_device()}"
-    import platform
-
     if gpu is not None and os.environ.get("NORMDIFF_FAKE_GPUS"):  # a simulated multi-GPU host
         return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads) #{gpu}"
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"

@@ -62,7 +62,7 @@ def _check(key, case_id: str) -> str | None:
 
 
 def _prepare(key, spec) -> str | None:
-    from harness.cases import Case, make_inputs
+    from harness.cases import Case, affine_of, make_inputs
     from impls.base import dtype_name
 
     k = _KERNELS[key]
@@ -72,8 +72,8 @@ def _prepare(key, spec) -> str | None:
         # One real call too: JIT backends (Triton, Liger) compile on first call, per specialisation
         # (which does not depend on M beyond M % 16, kept by 64 or 65 rows).
         rows = spec.rows if spec.rows <= 64 else (64 if spec.rows % 16 == 0 else 65)
-        affine = "weight_bias" if spec.has_bias else ("weight" if spec.has_weight else "none")
-        drawn = make_inputs(Case(spec.op, dtype_name(spec.dtype), (rows, spec.n), affine=affine), spec.device)
+        case = Case(spec.op, dtype_name(spec.dtype), (rows, spec.n), affine=affine_of(spec.has_weight, spec.has_bias))
+        drawn = make_inputs(case, spec.device)
         k(drawn.x, drawn.weight, drawn.bias, drawn.eps)
     except Exception as exc:
         return f"{spec} {key}: {type(exc).__name__}: {exc}"[:300]
@@ -86,7 +86,6 @@ def tasks(backends: list[str], profile: str, bench: bool, files: tuple[str, ...]
     from harness.cases import catalogue
     from harness.runner import device_for
     from impls import registry
-
     from impls.base import NormKernel
 
     registry.load_all(files)

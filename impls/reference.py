@@ -1,11 +1,9 @@
 """The float64 oracle: plain textbook math on the same low-precision inputs the kernel saw."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from impls.base import NormOutputs
+from impls.base import NormGrads, NormOutputs
 
 
 def reference(op: str, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-6) -> NormOutputs:
@@ -29,17 +27,8 @@ def reference(op: str, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-
     return NormOutputs(y=y, mean=mean, rstd=rstd)
 
 
-@dataclass
-class Gradients:
-    """What a backward pass gives: dx always; dw and db where the forward had weight and bias."""
-
-    dx: torch.Tensor
-    dw: torch.Tensor | None = None
-    db: torch.Tensor | None = None
-
-
 def reference_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight=None, bias=None,
-                       eps: float = 1e-6) -> Gradients:
+                       eps: float = 1e-6) -> NormGrads:
     """dx, dw and db in float64 from the analytic formulas, on the same low-precision x, dy,
     weight and bias a kernel sees (rows over the last dimension, any leading shape). With
     x^ = (x - mean) * rstd (LayerNorm) or x * rstd (RMSNorm) and g = dy * w (dy without a weight):
@@ -63,4 +52,4 @@ def reference_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight=None, 
     lead = tuple(range(x.dim() - 1))
     dw = (dy64 * xhat).sum(dim=lead) if weight is not None else None
     db = dy64.sum(dim=lead) if bias is not None else None
-    return Gradients(dx=dx, dw=dw, db=db)
+    return NormGrads(dx=dx, dw=dw, db=db)

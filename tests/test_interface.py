@@ -124,6 +124,10 @@ def test_every_accepted_weight_and_bias_combination_is_exercised(op):
         assert accepted <= found, f"{profile} catalogue never gives {op} {sorted(accepted - found)}"
         dtypes = {c.dtype for c in catalogue(profile) if c.op == op and c.tags == ("affine",)}
         assert len(dtypes) >= 2  # several dtypes for each combination
+    from harness.cases import affine_of
+    for c in catalogue("quick"):  # affine_of inverts the flags (harness.warm rebuilds cases with it)
+        if c.op == "layer_norm":
+            assert affine_of(c.has_weight, c.has_bias) == c.affine
     for combo in accepted:  # the fuzzer can draw each
         drawn = find(cases(op, 20_000), lambda c: (c.has_weight, c.has_bias) == combo)
         assert (drawn.has_weight, drawn.has_bias) == combo

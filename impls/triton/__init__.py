@@ -36,9 +36,7 @@ def note() -> str:
 
 
 def _kernel(op: str, batch_invariant: bool):
-    from impls import registry
-
-    return registry.get(op, "triton", "invariant" if batch_invariant else "auto")
+    return dispatch._variant(op, "invariant" if batch_invariant else "auto")
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, out=None, batch_invariant: bool = False):

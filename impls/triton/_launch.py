@@ -109,12 +109,13 @@ class TritonKernel(NormKernel):
             return "triton runs under its interpreter on this machine: not a timing"
         return None
 
-    def compile_key(self, spec):
+    def compile_key(self, spec, cfg: LaunchConfig | None = None):
+        """What a call with launch setting ``cfg`` (default: this kernel's own for spec) compiles."""
         if state().interpreted or spec.device != "cuda":
             return None  # the interpreter compiles nothing
         # The JIT specialises on the launch setting, N, the affine flags, and integers equal to
         # one or divisible by 16 (the row count and stride).
-        return (self.variant, spec.dtype, spec.n, self.config(spec.n, spec.dtype, spec.rows),
+        return (self.variant, spec.dtype, spec.n, cfg or self.config(spec.n, spec.dtype, spec.rows),
                 spec.has_weight, spec.has_bias, spec.rows == 1, spec.row_stride % 16 == 0)
 
     def config(self, n: int, dtype: torch.dtype, m: int | None = None) -> LaunchConfig:

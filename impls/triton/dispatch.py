@@ -8,37 +8,44 @@ users call (``impls.triton.rms_norm`` / ``layer_norm``):
 """
 from __future__ import annotations
 
+import functools
+
 from impls import registry
 from impls.base import NormOutputs
 from impls.registry import register
 from impls.triton._launch import TritonKernel, choose_variant
-from impls.triton.settings import DECODE_MAX_ROWS
+from impls.triton.settings import DECODE_MAX_ROWS, LaunchConfig
 
 
 class _Dispatch(TritonKernel):
     invariant: bool = False
 
-    def target(self, n: int, dtype, m: int | None) -> TritonKernel:
-        """The registered variant a call on M rows of N runs."""
-        return registry.get(self.op, "triton", choose_variant(self.op, n, dtype, None if self.invariant else m))
+    def target(self, n: int, dtype, m: int | None) -> tuple[TritonKernel, LaunchConfig | None]:
+        """The registered variant a call on M rows of N runs, and the launch setting it is given
+        (None: the variant's own for M)."""
+        kernel = _variant(self.op, choose_variant(self.op, n, dtype, None if self.invariant else m))
+        return kernel, (kernel.config(n, dtype, None) if self.invariant else None)  # invariant: as for many rows
 
     def unsupported(self, spec) -> str | None:
-        return self.target(spec.n, spec.dtype, spec.rows).unsupported(spec)
+        return self.target(spec.n, spec.dtype, spec.rows)[0].unsupported(spec)
 
-    def compile_key(self, spec):
-        target = self.target(spec.n, spec.dtype, spec.rows)
-        key = target.compile_key(spec)
-        return None if key is None else (self.invariant, key)
+    def compile_key(self, spec, cfg=None):
+        kernel, own = self.target(spec.n, spec.dtype, spec.rows)
+        return kernel.compile_key(spec, cfg or own)
 
     def m_thresholds(self, spec) -> tuple[int, ...]:
         return () if self.invariant else (DECODE_MAX_ROWS,)
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs, cfg=None) -> None:
         m, n = x.shape
-        target = self.target(n, x.dtype, m)
-        if self.invariant and cfg is None:
-            cfg = target.config(n, x.dtype, None)  # the many-rows setting at every M
-        target._forward(x, weight, bias, eps, out, cfg)
+        kernel, own = self.target(n, x.dtype, m)
+        kernel._forward(x, weight, bias, eps, out, cfg or own)
+
+
+@functools.cache
+def _variant(op: str, variant: str) -> TritonKernel:
+    """A registered Triton variant (looked up once: calls go through here)."""
+    return registry.get(op, "triton", variant)
 
 
 class _Auto(_Dispatch):
