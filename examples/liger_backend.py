@@ -75,6 +75,7 @@ class _Liger(NormKernel):
 class LigerRMSNorm(_Liger):
     op = "rms_norm"
     outputs = ("y", "rstd")
+    call_name = "liger_kernel.ops.rms_norm.rms_norm_forward(x, weight, eps, 0.0, 'gemma', None)"
 
     def _call(self, x, weight, bias, eps):
         rms, _ = _ops()
@@ -90,6 +91,7 @@ class LigerRMSNorm(_Liger):
 class LigerLayerNorm(_Liger):
     op = "layer_norm"
     outputs = ("y", "mean", "rstd")
+    call_name = "liger_kernel.ops.layer_norm.layer_norm_forward(x, weight, bias, eps)"
 
     def unsupported(self, spec: NormSpec) -> str | None:
         reason = super().unsupported(spec)

@@ -344,6 +344,7 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     info.update(
         op=s.op, dtype=s.dtype, m=s.m, n=s.n, regime=s.regime, repeat=s.repeat,
         backend=k.backend, variant=k.variant, kernel=k.name, project=k.project, outputs=list(k.outputs),
+        entry_point=k.project and k.entry_point,
         bytes=nbytes, ceiling_gbps=ceiling_gbps, device=run.device_name(device),
         timing=fallback and f"CUDA events, {fallback}" or timer.how, timer=timer.kind,
         rounds=rounds, warmup_rounds=warmup, settle_calls=settle_calls, prepare_s=round(prepare_s, 3),
@@ -356,11 +357,25 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     info.update(median_us=median * 1e6, gbps=gbps, pct_of_copy=100 * gbps / ceiling_gbps)
     if isinstance(timer, timing.EventTimer):
         info.update(host_enqueue_us=timer.host_enqueue_us(), gpu_lead_us=timer.lead_us)
+    if device == "cuda" and s.repeat == 0:
+        info.update(user_cost(k, x, w, b, eps, ctx.gpu, median * 1e6))
     key = (s.group, s.repeat)
     if k.name == ctx.config.getoption("bench_baseline"):
         ctx.baseline_s[key] = median
     if key in ctx.baseline_s:
         info["speedup_vs_baseline"] = ctx.baseline_s[key] / median
+
+
+def user_cost(k: NormKernel, x, w, b, eps, gpu: timing.GpuTools, device_us: float) -> dict:
+    """The host-inclusive columns: host µs and wall µs per call of the call a user makes
+    (``NormKernel.user_call``), named; or why they could not be measured."""
+    try:
+        name, call = k.user_call(x, w, b, eps)
+        host, wall = timing.user_call_cost(call, gpu, device_us)
+    except Exception as exc:  # noqa: BLE001 (reported in the row, the device time stands)
+        torch.cuda.synchronize()
+        return {"user_call_error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"user_call": name, "host_call_us": host, "wall_call_us": wall}
 
 
 def verify(k: NormKernel, s: BenchShape, x, w, b, eps, out: NormOutputs, device: str) -> tuple[list[str], float]:

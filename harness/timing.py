@@ -224,6 +224,53 @@ class GraphTimer(EventTimer):
         super()._record(seconds / self.calls)
 
 
+# -- host-inclusive cost of the call a user makes (NormKernel.user_call) -------------------------
+HOST_CALLS = 50  # back-to-back calls per host measurement
+WALL_SECONDS = 0.01  # GPU time of back-to-back calls per wall measurement
+HOST_REPEATS = 3  # measurements of each; the median is the result
+
+
+def host_call_us(fn, tools: GpuTools, calls: int = HOST_CALLS) -> float:
+    """Host µs per call of ``fn``: ``calls`` calls back to back, no synchronise, timed with the host
+    clock while the GPU is held busy (a sleep queued first, longer than the calls take to enqueue)
+    so no call waits on the GPU and the launch queue never fills."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    guess = (time.perf_counter() - t0) / 3
+    torch.cuda.synchronize()
+    tools.sleep(min(2 * calls * guess * 1e6, 500_000) + 100)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    seconds = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return seconds / calls * 1e6
+
+
+def wall_call_us(fn, device_us: float, host_us: float, seconds: float = WALL_SECONDS) -> float:
+    """Wall µs per call of ``fn`` in steady state: calls back to back, host included, no graph, no
+    L2 flush, one synchronise at the end of the run (calls sized from the device and host times)."""
+    calls = int(min(500, max(20, seconds * 1e6 / max(device_us, host_us, 1.0))))
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def user_call_cost(fn, tools: GpuTools, device_us: float) -> tuple[float, float]:
+    """(host µs, wall µs) per call of ``fn``, each the median of HOST_REPEATS measurements."""
+    host = statistics.median(host_call_us(fn, tools) for _ in range(HOST_REPEATS))
+    wall = statistics.median(wall_call_us(fn, device_us, host) for _ in range(HOST_REPEATS))
+    return host, wall
+
+
 def gpu_time_ms(fn, tools: GpuTools, rounds: int = 50, warmup: int = 5) -> float:
     """Median GPU time of ``fn()`` in milliseconds, outside pytest, timed as a benchmark is:
     settled, then EventTimer rounds (cold L2, launch latency hidden)."""

@@ -83,6 +83,7 @@ class _Apex(NormKernel):
 class ApexRMSNorm(_Apex):
     op = "rms_norm"
     outputs = ("y", "rstd")
+    call_name = f"{EXTENSION}.rms_forward_affine(x, [N], weight, eps)"
 
     def _call(self, x, weight, bias, eps):
         ext = _load()
@@ -100,6 +101,7 @@ class ApexRMSNorm(_Apex):
 class ApexLayerNorm(_Apex):
     op = "layer_norm"
     outputs = ("y", "mean", "rstd")
+    call_name = f"{EXTENSION}.forward_affine(x, [N], weight, bias, eps)"
 
     def unsupported(self, spec: NormSpec) -> str | None:
         reason = super().unsupported(spec)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from impls.base import NormGrads, NormKernel, NormOutputs
 from impls.registry import register
@@ -31,6 +32,10 @@ class TorchRMSNorm(_TorchEager):
     def _call(self, x, weight, bias, eps):
         return torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
 
+    def user_call(self, x, weight, bias, eps):
+        shape = (x.shape[-1],)
+        return "torch.nn.functional.rms_norm(x, (N,), weight, eps)", lambda: F.rms_norm(x, shape, weight, eps)
+
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
         y, rstd = self._call(x, weight, bias, eps)
         out.y.copy_(y)
@@ -55,6 +60,11 @@ class TorchLayerNorm(_TorchEager):
 
     def _call(self, x, weight, bias, eps):
         return torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+
+    def user_call(self, x, weight, bias, eps):
+        shape = (x.shape[-1],)
+        return ("torch.nn.functional.layer_norm(x, (N,), weight, bias, eps)",
+                lambda: F.layer_norm(x, shape, weight, bias, eps))
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
         y, mean, rstd = self._call(x, weight, bias, eps)

@@ -20,7 +20,7 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.report import _table, atomic_write, load_report, targets
+from harness.report import _table, atomic_write, host, load_report, targets
 
 OP_TITLE = {"rms_norm": "RMSNorm", "layer_norm": "LayerNorm"}
 REPEAT_LIMIT = 0.03  # issue 6: no backend's median may move more than 3% between passes
@@ -44,7 +44,9 @@ def results(doc: dict) -> list[dict]:
             "median_s": median, "rounds": b["stats"].get("rounds"), "bytes": ei["bytes"], "gbps": gbps,
             "ceiling": ei.get("ceiling_gbps"), "pct": 100 * gbps / ei["ceiling_gbps"] if ei.get("ceiling_gbps") else None,
             "timing": ei.get("timing", ""), "timer": ei.get("timer"), "device": ei.get("device"),
-            "project": bool(ei.get("project")),
+            "project": bool(ei.get("project")), "entry_point": bool(ei.get("entry_point")),
+            "host_us": ei.get("host_call_us"), "wall_us": ei.get("wall_call_us"), "call": ei.get("user_call"),
+            "call_error": ei.get("user_call_error"),
         })
     base = {(r["group"], r["repeat"]): r["median_s"] for r in rows if r["kernel"] == baseline_name}
     for r in rows:
@@ -207,6 +209,7 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
         by_table[(r["regime"], r["op"], r["dtype"])].append(r)
 
     lines += [] if smoke else targets.render(rows)
+    lines += [] if smoke else host.render(rows)
     def tables(regime: str) -> list[tuple[str, str]]:  # (op, dtype), RMSNorm first
         keys = [(op, dt) for reg, op, dt in by_table if reg == regime]
         return sorted(keys, key=lambda k: (list(OP_TITLE).index(k[0]) if k[0] in OP_TITLE else 9, k[1]))

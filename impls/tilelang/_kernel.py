@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from impls import fastpath
 from impls.base import NormKernel, NormOutputs, NormSpec, UnsupportedCase, cuda_present
 from impls.tilelang import compiler
 from impls.tilelang.plan import DECODE_MAX_ROWS, DECODE_TUNED, Plan, choose_vec, make_plan, max_vec
@@ -129,6 +130,47 @@ class TileLangKernel(NormKernel):
         assert vec <= max_vec(x.dtype)
         weight, bias = (params + (None, None))[:2]
         return self.plan_for(x.dtype, n, weight is not None, bias is not None, vec, m)
+
+    def fast_plan(self, x, x2, weight, bias, spec):
+        """The host fast path (impls.fastpath): the compiled kernel and its scalar arguments fixed
+        for this signature; a call allocates, views x and y flat and calls the kernel."""
+        if spec.device != "cuda":
+            return super().fast_plan(x, x2, weight, bias, spec)
+        m, n = x2.shape
+        y2 = torch.empty((m, n), dtype=x.dtype, device=x.device)  # as the plan's outputs: fresh, aligned
+        params = (weight,) if self.op == "rms_norm" else (weight, bias)
+        plan = self._launch_plan(x2, y2, *params)
+        kernel = compiler.compile_plan(plan).kernel
+        with_bias = self.op == "layer_norm"
+        sxv = x2.stride(0) // plan.vec if m > 1 else 0
+        syv = n // plan.vec if m > 1 else 0
+        span = (m - 1) * x2.stride(0) + n
+        contiguous, two_d = x.is_contiguous(), x.dim() == 2  # 2-D: the statistics are flat already
+        shape, dtype, device = x.shape, x.dtype, x.device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        current = torch.cuda.current_device
+        dummy = _dummy(device, dtype)
+        stats = fastpath.stat_factory(x, self.outputs)
+
+        def run(x, weight, bias, eps):
+            y = torch.empty(shape, dtype=dtype, device=device)
+            mean, rstd = stats()
+            flat = x.view(-1) if contiguous else x.as_strided((span,), (1,))
+            w = dummy if weight is None else weight
+            r = rstd if two_d else rstd.view(-1)
+            if with_bias:
+                args = (flat, w, dummy if bias is None else bias, y.view(-1), mean if two_d else mean.view(-1), r,
+                        sxv, syv, eps)
+            else:
+                args = (flat, w, y.view(-1), r, sxv, syv, eps)
+            if current() == index:
+                kernel(*args)
+            else:
+                with torch.cuda.device(index):
+                    kernel(*args)
+            return NormOutputs(y, mean, rstd)
+
+        return run
 
     @staticmethod
     def _flat(t: torch.Tensor) -> torch.Tensor:

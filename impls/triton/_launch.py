@@ -6,6 +6,7 @@ the backend, so a process without triton still lists the kernels, each skipped w
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from dataclasses import dataclass
@@ -13,9 +14,11 @@ from functools import lru_cache
 
 import torch
 
+from impls import fastpath
 from impls.base import NormKernel, cuda_present
 from impls.gpu_limits import cdiv, next_pow2
 from impls.triton import settings
+from impls.triton._fast import lean_plan
 from impls.triton.settings import DECODE_MAX_ROWS, DECODE_MIN_BLOCK, ROWWISE_MAX_N, LaunchConfig, launch_config
 
 
@@ -125,15 +128,30 @@ class TritonKernel(NormKernel):
     batch_invariant = True
 
     _recorded: list | None = None
+    # Whether the host fast path may replay this variant's launch as recorded (impls.triton._fast).
+    lean_launch = True
+    # Users call the dispatch entry points (triton.auto, triton.invariant), which run the variants.
+    entry_point = False
+
+    def fast_plan(self, x, x2, weight, bias, spec, cfg: LaunchConfig | None = None):
+        """The host fast path (impls.fastpath): the recorded launch replayed through the compiled
+        kernel's launcher on a GPU, else the validated call's planning skipped."""
+        if self.lean_launch and spec.device == "cuda" and not state().interpreted:
+            plan = lean_plan(self, x, x2, weight, bias, cfg)
+            if plan is not None:
+                return plan
+        forward = functools.partial(self._forward, cfg=cfg) if cfg is not None else self._forward
+        return fastpath.generic_plan(x, x2, self.outputs, forward)
 
     def launches(self, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-6,
-                 cfg: LaunchConfig | None = None) -> list[Launch]:
-        """What a call on these tensors would launch (with launch setting ``cfg``, default the
-        kernel's own), without running anything: for tools that compile the kernels offline
-        (tools.triton_resources). The tensors are never read."""
+                 cfg: LaunchConfig | None = None, out=None) -> list[Launch]:
+        """What a call on these 2-D rows would launch (with launch setting ``cfg``, default the
+        kernel's own; into ``out``, default fresh outputs), without running anything: for tools
+        that compile the kernels offline (tools.triton_resources) and for the host fast path. The
+        tensors are never read."""
         self._recorded = []
         try:
-            self._forward(x, weight, bias, eps, self.allocate(x), cfg)
+            self._forward(x, weight, bias, eps, out or self.allocate(x), cfg)
             return self._recorded
         finally:
             del self._recorded

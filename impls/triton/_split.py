@@ -17,6 +17,7 @@ class SplitRowsKernel(TritonKernel):
 
     variant = "split"
     max_n = SPLIT_MAX * SPLIT_MAX_BLOCK
+    lean_launch = False  # the workspace follows the stream and CUDA-graph capture: planned per call
 
     def availability(self) -> str | None:
         return split_unavailable()

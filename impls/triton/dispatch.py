@@ -19,6 +19,18 @@ from impls.triton.settings import DECODE_MAX_ROWS, LaunchConfig
 
 class _Dispatch(TritonKernel):
     invariant: bool = False
+    entry_point = True
+
+    def user_call(self, x, weight, bias, eps):
+        import impls.triton as api
+
+        flag = ", batch_invariant=True" if self.invariant else ""
+        inv = self.invariant
+        if self.op == "rms_norm":
+            return (f"impls.triton.rms_norm(x, weight, eps{flag})",
+                    lambda: api.rms_norm(x, weight, eps, batch_invariant=inv))
+        return (f"impls.triton.layer_norm(x, weight, bias, eps{flag})",
+                lambda: api.layer_norm(x, weight, bias, eps, batch_invariant=inv))
 
     def target(self, n: int, dtype, m: int | None) -> tuple[TritonKernel, LaunchConfig | None]:
         """The registered variant a call on M rows of N runs, and the launch setting it is given
@@ -32,6 +44,10 @@ class _Dispatch(TritonKernel):
     def compile_key(self, spec, cfg=None):
         kernel, own = self.target(spec.n, spec.dtype, spec.rows)
         return kernel.compile_key(spec, cfg or own)
+
+    def fast_plan(self, x, x2, weight, bias, spec, cfg=None):
+        kernel, own = self.target(spec.n, spec.dtype, spec.rows)
+        return kernel.fast_plan(x, x2, weight, bias, spec, cfg or own)
 
     def m_thresholds(self, spec) -> tuple[int, ...]:
         return () if self.invariant else (DECODE_MAX_ROWS,)

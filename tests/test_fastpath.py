@@ -1,0 +1,126 @@
+"""The host fast path (impls.fastpath): a second call of a signature skips validation and planning,
+gives the validated call's bits, and never serves a call whose signature differs."""
+import pytest
+import torch
+
+import impls.triton as triton_api
+from impls import base, registry
+from impls.base import NormInputError, rows_view
+from impls.triton._fast import lean_plan
+
+registry.load_all()
+
+
+def _kernels():
+    out = []
+    for op in ("rms_norm", "layer_norm"):
+        for name in ("torch.eager", "triton.looped", "triton.rowwise", "triton.auto", "triton.invariant"):
+            backend, variant = name.split(".")
+            k = registry.get(op, backend, variant)
+            if k.unavailable() is None:
+                out.append(k)
+    return out
+
+
+KERNELS = _kernels()
+
+
+def _inputs(op, shape=(5, 100), weight=True, bias=True, dtype=torch.float32, stride_pad=0):
+    n = shape[-1]
+    x = torch.randn(*shape[:-1], n + stride_pad, dtype=dtype)[..., :n]
+    w = torch.randn(n, dtype=dtype) if weight else None
+    b = torch.randn(n, dtype=dtype) if bias and op == "layer_norm" else None
+    return x, w, b
+
+
+def _equal(a, b):
+    return all(torch.equal(s, t) for s, t in zip(a.fields().values(), b.fields().values())) and \
+        a.fields().keys() == b.fields().keys()
+
+
+@pytest.fixture
+def no_validation(monkeypatch):
+    """Makes any validated call fail, so a call that passes took the fast path."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("validated")
+    return lambda: monkeypatch.setattr(base, "validate_inputs", refuse)
+
+
+@pytest.mark.parametrize("target", KERNELS, ids=lambda k: f"{k.op}-{k.name}")
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "3d", "noaffine"])
+def test_second_call_takes_the_plan_and_gives_the_same_bits(target, layout, no_validation):
+    kernel = target
+    shape = (2, 3, 33) if layout == "3d" else (5, 100)
+    x, w, b = _inputs(kernel.op, shape, weight=layout != "noaffine", bias=layout != "noaffine",
+                      stride_pad=7 if layout == "strided" else 0)
+    first = kernel(x, w, b, 1e-5, out=kernel.allocate(x))  # validated; leaves the plan
+    no_validation()
+    second = kernel(x, w, b, 1e-5)
+    assert _equal(first, second)
+    assert second.y.shape == x.shape and second.y.is_contiguous()
+    for stat in kernel.outputs[1:]:
+        assert getattr(second, stat).shape == x.shape[:-1]
+
+
+@pytest.mark.parametrize("target", KERNELS[:1] + [k for k in KERNELS if k.name == "triton.auto"],
+                         ids=lambda k: f"{k.op}-{k.name}")
+def test_another_signature_is_validated(target, no_validation):
+    kernel = target
+    kernel.__dict__.pop("_plans", None)  # plans of earlier tests would serve these signatures
+    x, w, b = _inputs(kernel.op)
+    kernel(x, w, b, 1e-5)
+    no_validation()
+    others = [
+        (x.to(torch.float16), w.half(), None if b is None else b.half()),  # dtype
+        (x[:, 1:].contiguous(), w[1:], None if b is None else b[1:]),  # N
+        (x[1:], w, b),  # M
+        (x, None, b),  # no weight
+        (torch.randn(5, 101)[:, 1:], w, b),  # 4 bytes off 16-byte alignment
+    ]
+    for args in others:
+        with pytest.raises(AssertionError, match="validated"):
+            kernel(*args, 1e-5)
+
+
+def test_eps_is_checked_on_every_call():
+    kernel = registry.get("layer_norm", "torch", "eager")
+    x, w, b = _inputs("layer_norm")
+    kernel(x, w, b, 1e-5)
+    kernel(x, w, b, 1e-5)
+    for eps, pattern in ((-1e-5, "eps must be finite"), (float("inf"), "eps must be finite"), ("1", "a number")):
+        with pytest.raises(NormInputError, match=pattern):
+            kernel(x, w, b, eps)
+    assert _equal(kernel(x, w, b, 1e-3), kernel(x, w, b, 1e-3, out=kernel.allocate(x)))  # eps is not baked in
+
+
+def test_a_copied_x_leaves_no_plan():
+    """Rows that cannot be viewed with one stride are copied by the validated call: no plan."""
+    kernel = registry.get("rms_norm", "torch", "eager")
+    x = torch.randn(4, 6, 16).transpose(0, 1)  # leading dimensions not packed
+    kernel.__dict__.pop("_plans", None)
+    kernel(x, None, None, 1e-6)
+    assert not kernel.__dict__.get("_plans")
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("variant", ["looped", "rowwise"])
+def test_triton_replayed_launch_matches_the_jit_call(op, variant):
+    """The Triton plan's argument list rebuilt from a recorded launch (on the GPU it goes to the
+    compiled kernel's launcher; under the interpreter through the JIT call) gives the same bits."""
+    kernel = registry.get(op, "triton", variant)
+    if kernel.unavailable():
+        pytest.skip(kernel.unavailable())
+    for shape, weight, bias, pad in (((5, 100), True, True, 0), ((3, 7), True, False, 0), ((1, 129), False, False, 0),
+                                     ((2, 4, 33), False, True, 0), ((6, 40), True, True, 9)):
+        x, w, b = _inputs(op, shape, weight, bias, stride_pad=pad)
+        plan = lean_plan(kernel, x, rows_view(x, "x", allow_copy=True), w, b, None)
+        assert plan is not None
+        assert _equal(plan(x, w, b, 1e-5), kernel(x, w, b, 1e-5, out=kernel.allocate(x)))
+
+
+def test_public_entry_points_plan_per_batch_invariance_flag():
+    x, w, b = _inputs("layer_norm", (4, 64))
+    for flag in (False, True):
+        want = triton_api.layer_norm(x, w, b, out=None, batch_invariant=flag)
+        assert _equal(triton_api.layer_norm(x, w, b, batch_invariant=flag), want)
+    assert registry.get("layer_norm", "triton", "invariant").__dict__.get("_plans")
