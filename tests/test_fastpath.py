@@ -25,11 +25,16 @@ def _kernels():
 KERNELS = _kernels()
 
 
+DEVICE = "cuda" if torch.cuda.is_available() and not triton_api.availability() and \
+    "cuda" in registry.get("rms_norm", "triton", "looped").devices else "cpu"
+
+
 def _inputs(op, shape=(5, 100), weight=True, bias=True, dtype=torch.float32, stride_pad=0):
+    """On the GPU where Triton compiles (the fast path's compiled launch), else on the CPU."""
     n = shape[-1]
-    x = torch.randn(*shape[:-1], n + stride_pad, dtype=dtype)[..., :n]
-    w = torch.randn(n, dtype=dtype) if weight else None
-    b = torch.randn(n, dtype=dtype) if bias and op == "layer_norm" else None
+    x = torch.randn(*shape[:-1], n + stride_pad, dtype=dtype, device=DEVICE)[..., :n]
+    w = torch.randn(n, dtype=dtype, device=DEVICE) if weight else None
+    b = torch.randn(n, dtype=dtype, device=DEVICE) if bias and op == "layer_norm" else None
     return x, w, b
 
 
@@ -75,7 +80,7 @@ def test_another_signature_is_validated(target, no_validation):
         (x[:, 1:].contiguous(), w[1:], None if b is None else b[1:]),  # N
         (x[1:], w, b),  # M
         (x, None, b),  # no weight
-        (torch.randn(5, 101)[:, 1:], w, b),  # 4 bytes off 16-byte alignment
+        (torch.randn(5, 101, device=DEVICE)[:, 1:], w, b),  # 4 bytes off 16-byte alignment
     ]
     for args in others:
         with pytest.raises(AssertionError, match="validated"):
@@ -96,7 +101,7 @@ def test_eps_is_checked_on_every_call():
 def test_a_copied_x_leaves_no_plan():
     """Rows that cannot be viewed with one stride are copied by the validated call: no plan."""
     kernel = registry.get("rms_norm", "torch", "eager")
-    x = torch.randn(4, 6, 16).transpose(0, 1)  # leading dimensions not packed
+    x = torch.randn(4, 6, 16, device=DEVICE).transpose(0, 1)  # leading dimensions not packed
     kernel.__dict__.pop("_plans", None)
     kernel(x, None, None, 1e-6)
     assert not kernel.__dict__.get("_plans")
@@ -115,7 +120,9 @@ def test_triton_replayed_launch_matches_the_jit_call(op, variant):
         x, w, b = _inputs(op, shape, weight, bias, stride_pad=pad)
         plan = lean_plan(kernel, x, rows_view(x, "x", allow_copy=True), w, b, None)
         assert plan is not None
-        assert _equal(plan(x, w, b, 1e-5), kernel(x, w, b, 1e-5, out=kernel.allocate(x)))
+        want = kernel(x, w, b, 1e-5, out=kernel.allocate(x))
+        for _ in range(3):  # the first call compiles or finds the kernel; the later ones replay it
+            assert _equal(plan(x, w, b, 1e-5), want)
 
 
 def test_public_entry_points_plan_per_batch_invariance_flag():

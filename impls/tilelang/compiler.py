@@ -30,6 +30,9 @@ SM90 = {"kind": "cuda", "arch": "sm_90"}
 # Our kernels guard every global access themselves; TileLang's legalisation would add a bounds
 # check per element against the flat buffer's length and lose the 16-byte accesses.
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
+# How a compiled kernel is called from Python (TileLang's adapters); tools.host_cost measures the
+# host cost of each on a GPU.
+EXECUTION_BACKEND = "tvm_ffi"
 INSTALL_HINT = "pip install 'normdiff[tilelang]'"
 NOT_EXECUTED = "compiled for sm_90, not executed: no CUDA device"
 
@@ -102,7 +105,8 @@ def _layout_failure(exc: BaseException) -> bool:
     return "layout" in f"{type(exc).__name__}: {exc}".lower()
 
 
-def compile_program(program, plan: Plan, target: dict | None = None, what: str | None = None):
+def compile_program(program, plan: Plan, target: dict | None = None, what: str | None = None,
+                    execution_backend: str | None = None):
     """Compile a prim_func with the backend's settings. Whatever TileLang raises comes back as
     a TileLangCompileError that names the kernel, dtype and N and says what to do."""
     tl, why = tilelang_module()
@@ -110,7 +114,7 @@ def compile_program(program, plan: Plan, target: dict | None = None, what: str |
         raise TileLangCompileError(why)
     what = what or plan.describe()
     try:
-        return tl.compile(program, target=target or default_target(), execution_backend="tvm_ffi",
+        return tl.compile(program, target=target or default_target(), execution_backend=execution_backend or EXECUTION_BACKEND,
                           pass_configs=PASS_CONFIGS)
     except Exception as exc:  # noqa: BLE001 (TileLang raises several types from its C++ side)
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]

@@ -1,0 +1,125 @@
+"""Where a call's host time goes (GPU): host µs per call of each kernel's user call with the host
+fast path on and off, a cProfile of the project's entry points, and TileLang's execution backends.
+
+    python -m tools.host_cost --backend-file examples/liger_backend.py --json OUT/host_cost.json
+
+Host µs per call is timed as the benchmark's host column (harness.timing.host_call_us: back-to-back
+calls, the GPU held busy). The profile runs ``--profile-calls`` calls of each entry point under
+cProfile and prints the functions with the most time of their own (docs/perf-notes.md quotes it).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+
+import torch
+
+from harness import timing
+from impls import fastpath, registry
+from tools import _session
+
+SHAPES = ((1, 4096), (64, 4096), (65536, 1024))
+KERNELS = ("triton.auto", "tilelang.fragment", "tilelang.layer_norm_fwd", "tilelang.splitk", "torch.eager",
+           "liger.fused", "apex.fused", "torch_compile.inductor")
+
+
+def _inputs(op, m, n, dtype):
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=dtype) if op == "layer_norm" else None
+    return x, w, b
+
+
+def host_us(call, tools) -> float:
+    return statistics.median(timing.host_call_us(call, tools) for _ in range(5))
+
+
+def profile(call, calls: int, top: int) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def tilelang_backends(tools, dtype) -> list[dict]:
+    """Host µs of one compiled TileLang kernel called directly, per execution backend."""
+    from impls.tilelang import _programs, compiler
+    from impls.tilelang.plan import choose_vec, make_plan
+
+    rows = []
+    m, n = 1, 4096
+    plan = make_plan("fragment", dtype, n, True, False, choose_vec(dtype, n), m=m)
+    x, w, _ = _inputs("rms_norm", m, n, dtype)
+    y, rstd = torch.empty_like(x), torch.empty(m, device="cuda")
+    for backend in ("tvm_ffi", "cython", "nvrtc", "ctypes"):
+        try:
+            kernel = compiler.compile_program(_programs.BUILDERS["fragment"](plan), plan, execution_backend=backend)
+            args = (x.view(-1), w, y.view(-1), rstd, 0, 0, 1e-6)
+            kernel(*args)
+            torch.cuda.synchronize()
+            rows.append({"execution_backend": backend, "host_us": host_us(lambda: kernel(*args), tools)})
+        except Exception as exc:  # noqa: BLE001 (an adapter this install lacks: say which and why)
+            rows.append({"execution_backend": backend, "error": f"{type(exc).__name__}: {exc}"[:200]})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend-file", action="append", default=[])
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--profile-calls", type=int, default=2000)
+    ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--json", default="host_cost.json")
+    args = ap.parse_args()
+    registry.load_all(args.backend_file)
+    tools, ceiling = _session.start()
+    dtype = getattr(torch, args.dtype)
+    results, profiles = [], {}
+    for op in ("rms_norm", "layer_norm"):
+        for m, n in SHAPES:
+            x, w, b = _inputs(op, m, n, dtype)
+            for name in KERNELS:
+                backend, variant = name.split(".")
+                try:
+                    k = registry.get(op, backend, variant)
+                except KeyError:
+                    continue
+                if k.unavailable() or k.unsupported(k_spec(k, x, w, b)):
+                    continue
+                what, call = k.user_call(x, w, b, 1e-5)
+                call()
+                torch.cuda.synchronize()
+                row = {"op": op, "m": m, "n": n, "kernel": name, "call": what, "host_us": host_us(call, tools)}
+                if k.project:  # the same call validated every time
+                    fastpath.ENABLED = False
+                    k.__dict__.pop("_plans", None)
+                    row["host_us_validated"] = host_us(call, tools)
+                    fastpath.ENABLED = True
+                    call()
+                    if m == 1:
+                        profiles[f"{op} {m}x{n} {name}"] = profile(call, args.profile_calls, args.top)
+                results.append(row)
+                print(row, flush=True)
+    tl_rows = tilelang_backends(tools, dtype)
+    for title, text in profiles.items():
+        print(f"\n=== cProfile, {args.profile_calls} calls: {title}\n{text}", flush=True)
+    _session.write_json(args.json, ceiling, results, tilelang_execution_backends=tl_rows, profiles=profiles)
+
+
+def k_spec(k, x, w, b):
+    from impls.base import spec_of
+
+    return spec_of(k.op, x, "cuda", w, b)
+
+
+if __name__ == "__main__":
+    main()
