@@ -66,6 +66,10 @@ def tilelang_backends(tools, dtype) -> list[dict]:
             kernel(*args)
             torch.cuda.synchronize()
             rows.append({"execution_backend": backend, "host_us": host_us(lambda: kernel(*args), tools)})
+            direct = compiler.direct_call(kernel)
+            if direct is not kernel:  # what the fast path calls: the executable, no adapter Python
+                rows.append({"execution_backend": f"{backend}, executable called directly",
+                             "host_us": host_us(lambda: direct(*args), tools)})
         except Exception as exc:  # noqa: BLE001 (an adapter this install lacks: say which and why)
             rows.append({"execution_backend": backend, "error": f"{type(exc).__name__}: {exc}"[:200]})
         print(rows[-1], flush=True)

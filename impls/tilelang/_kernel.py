@@ -140,21 +140,20 @@ class TileLangKernel(NormKernel):
         y2 = torch.empty((m, n), dtype=x.dtype, device=x.device)  # as the plan's outputs: fresh, aligned
         params = (weight,) if self.op == "rms_norm" else (weight, bias)
         plan = self._launch_plan(x2, y2, *params)
-        kernel = compiler.compile_plan(plan).kernel
+        kernel = compiler.direct_call(compiler.compile_plan(plan).kernel)
         with_bias = self.op == "layer_norm"
         sxv = x2.stride(0) // plan.vec if m > 1 else 0
         syv = n // plan.vec if m > 1 else 0
         span = (m - 1) * x2.stride(0) + n
         contiguous, two_d = x.is_contiguous(), x.dim() == 2  # 2-D: the statistics are flat already
-        shape, dtype, device = x.shape, x.dtype, x.device
+        device = x.device
         index = device.index if device.index is not None else torch.cuda.current_device()
         current = torch.cuda.current_device
-        dummy = _dummy(device, dtype)
-        stats = fastpath.stat_factory(x, self.outputs)
+        dummy = _dummy(device, x.dtype)
+        alloc = fastpath.output_factory(x, self.outputs)
 
         def run(x, weight, bias, eps):
-            y = torch.empty(shape, dtype=dtype, device=device)
-            mean, rstd = stats()
+            y, mean, rstd = alloc(x)
             flat = x.view(-1) if contiguous else x.as_strided((span,), (1,))
             w = dummy if weight is None else weight
             r = rstd if two_d else rstd.view(-1)

@@ -131,6 +131,17 @@ def compile_program(program, plan: Plan, target: dict | None = None, what: str |
         ) from exc
 
 
+def direct_call(kernel):
+    """The compiled kernel's executable, called without the adapter's per-call Python (which for a
+    kernel that allocates no outputs only forwards its arguments on a CUDA device); the kernel
+    itself where this TileLang's adapter is not the one that does so."""
+    adapter = getattr(kernel, "adapter", None)
+    get = getattr(adapter, "_get_executable", None)
+    if type(adapter).__name__ != "TVMFFIKernelAdapter" or get is None or getattr(adapter, "result_idx", None):
+        return kernel
+    return get()
+
+
 def compile_plan(plan: Plan, target: dict | None = None) -> Compiled:
     """The compiled kernel of a plan, compiled at most once per process."""
     global COMPILE_COUNT
