@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A batched GPU session, in phases that each fit one device call (10 minutes):
-#   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers);
-#                                 the framework's tests
-#   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep, bandwidth part twice), README shapes
+#   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers)
+#   tools/gpu_run.sh tests OUT    the framework's tests
+#   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep; BENCH_REPEAT passes of the bandwidth
+#                                 part, default 2), README shapes; tools.host_cost
 #   tools/gpu_run.sh sweep OUT [ARGS]   the Triton launch-setting sweep (python -m tools.triton_sweep ARGS)
 # The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
 # TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
@@ -25,22 +26,27 @@ checks)
      --profile full --backend all "${liger[@]}" -q -p no:randomly --report-dir="$out" > "$out/checks.log" 2>&1
   echo "checks: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/checks.log"
   tail -n 6 "$out/checks.log"
-  pt 300 tests > "$out/tests.log" 2>&1; tail -n 3 "$out/tests.log"
+  ;;
+tests)
+  pt "${TESTS_TIMEOUT:-300}" tests -n 0 > "$out/tests.log" 2>&1; tail -n 3 "$out/tests.log"
   ;;
 bench)
   timeout 130 python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
-  pt "${BENCH_TIMEOUT:-380}" benchmarks --benchmark-only --profile full --bench-repeat 2 --backend all "${liger[@]}" \
+  pt "${BENCH_TIMEOUT:-380}" benchmarks --benchmark-only --profile full --bench-repeat "${BENCH_REPEAT:-2}" \
+     --backend all "${liger[@]}" \
      --report-dir="$out" > "$out/benchmark.log" 2>&1
   tail -n 15 "$out/benchmark.log"
   # The shapes the README quotes, each kernel of the project, bf16.
   timeout 50 python -m harness.measure --backend triton,tilelang --dtype bfloat16 \
      --shapes 16384x4096,16384x4000,32768x1024,4096x65536 --json "$out/measure.json" > "$out/measure.log" 2>&1
   tail -n 30 "$out/measure.log"
+  timeout 120 python -m tools.host_cost "${liger[@]}" --json "$out/host_cost.json" > "$out/host_cost.log" 2>&1
+  tail -n 20 "$out/host_cost.log"
   ;;
 sweep)
   # Any further arguments go to the sweep, e.g. `--variants looped,rowwise --dtypes float16`.
   timeout 300 python -m tools.triton_sweep "${@:3}" --json "$out/triton-sweep.json" > "$out/triton-sweep.log" 2>&1
   tail -n 80 "$out/triton-sweep.log"
   ;;
-*) echo "usage: tools/gpu_run.sh checks|bench|sweep OUT [sweep arguments]" >&2; exit 2 ;;
+*) echo "usage: tools/gpu_run.sh checks|tests|bench|sweep OUT [sweep arguments]" >&2; exit 2 ;;
 esac
