@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from harness import run, timing
+from harness import bench_backward, run, timing
 from harness.arena import Arena
 from harness.cases import DTYPES, Case, make_inputs
 from harness.runner import device_for, judge
-from harness.shapes import (BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, QUICK_BANDWIDTH, QUICK_DECODE,
-                            bandwidth_rows)
+from harness.shapes import (BACKWARD_N, BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, QUICK_BACKWARD,
+                            QUICK_BANDWIDTH, QUICK_DECODE, bandwidth_rows)
 from impls.base import DEFAULT_EPS, OPS, NormKernel, NormOutputs, NormSpec, UnsupportedCase
 from impls.reference import reference
 
@@ -63,12 +63,12 @@ class BenchShape:
     dtype: str
     m: int
     n: int
-    regime: str  # "bandwidth" or "decode"
+    regime: str  # "bandwidth", "decode" or "backward"
     repeat: int = 0  # pass of the bandwidth sweep (--bench-repeat)
 
     @property
     def group(self) -> str:
-        return f"{self.op}-{self.dtype}-{self.m}x{self.n}"
+        return f"{self.op}-{self.dtype}-{self.m}x{self.n}" + ("-backward" if self.regime == "backward" else "")
 
 
 @dataclass(frozen=True)
@@ -87,24 +87,28 @@ class BenchItem:
 
 
 def sweep(profile: str, ops, dtypes, repeat: int = 1) -> list[BenchShape]:
-    """The shapes in run order: each bandwidth pass, then the decode regime."""
+    """The shapes in run order: each bandwidth pass, then the decode regime, then the backward."""
     shapes = []
     if profile == "full":
         bandwidth = [(bandwidth_rows(n), n) for n in BANDWIDTH_N + BENCH_LONG_N]
         decode = [(m, n) for n in DECODE_N for m in DECODE_M]
+        backward = [(bandwidth_rows(n), n) for n in BACKWARD_N]
     else:
-        bandwidth, decode = list(QUICK_BANDWIDTH), list(QUICK_DECODE)
+        bandwidth, decode, backward = list(QUICK_BANDWIDTH), list(QUICK_DECODE), list(QUICK_BACKWARD)
     for r in range(repeat):
         shapes += [BenchShape(op, dt, m, n, "bandwidth", r) for op in ops for dt in dtypes for m, n in bandwidth]
     shapes += [BenchShape(op, dt, m, n, "decode") for op in ops for dt in dtypes for m, n in decode]
+    shapes += [BenchShape(op, dt, m, n, "backward") for op in ops for dt in dtypes for m, n in backward]
     return shapes
 
 
 def items(shapes: list[BenchShape], kernels: list[NormKernel], baseline: str) -> list[BenchItem]:
-    """Every kernel of the shape's op, the baseline first in each group (its time sets the speedups)."""
+    """Every kernel of the shape's op (the backward regime: those with a backward), the baseline
+    first in each group (its time sets the speedups)."""
     out = []
     for s in shapes:
-        ks = sorted((k for k in kernels if k.op == s.op), key=lambda k: (k.name != baseline, k.name))
+        ks = sorted((k for k in kernels if k.op == s.op and (s.regime != "backward" or k.has_backward)),
+                    key=lambda k: (k.name != baseline, k.name))
         out += [BenchItem(s, k) for k in ks]
     return out
 
@@ -296,6 +300,8 @@ class BenchContext:
 
 # -- one benchmark --------------------------------------------------------------------------
 def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
+    if item.shape.regime == "backward":
+        return bench_backward.run_backward(item, benchmark, ctx)
     k, s = item.kernel, item.shape
     device = device_for(k)
     dtype = DTYPES[s.dtype]

@@ -89,6 +89,13 @@ def bytes_moved(m: int, n: int, dtype: torch.dtype, has_weight: bool, has_bias: 
     return 2 * m * n * s + (int(has_weight) + int(has_bias)) * n * s + stats * m * 4
 
 
+def bytes_moved_backward(m: int, n: int, dtype: torch.dtype, has_weight: bool, has_bias: bool, stats: int) -> int:
+    """Fewest bytes a backward pass must move: read x and dy, write dx, read the weight, write dw
+    and db once, read the ``stats`` float32 statistics per row the forward saved."""
+    s = dtype.itemsize
+    return 3 * m * n * s + (2 * int(has_weight) + int(has_bias)) * n * s + stats * m * 4
+
+
 class _Timer:
     """``setup`` runs before each timed call and is not timed; ``target`` runs one timed call and
     advances the clock by its time; ``times`` holds every call's seconds, warm-up included."""

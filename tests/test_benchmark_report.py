@@ -193,10 +193,14 @@ def test_benchmark_run_on_the_cpu(cpu_run):
     names = sorted(b["name"] for b in doc["benchmarks"])
     assert names == sorted(b["name"] for b in raw["benchmarks"])  # the same document as --benchmark-json
     assert {b["extra_info"]["kernel"] for b in doc["benchmarks"]} == {"torch.eager", "slowpoke.sleeps"}
-    assert len(names) == 6
+    # 3 forward shapes of each kernel, and torch.eager's backward (the only one with a backward)
+    assert len(names) == 7
+    backward = [b for b in doc["benchmarks"] if b["extra_info"]["regime"] == "backward"]
+    assert [b["extra_info"]["kernel"] for b in backward] == ["torch.eager"]
     for b in doc["benchmarks"]:
         ei, st = b["extra_info"], b["stats"]
-        assert b["group"] == f"{ei['op']}-{ei['dtype']}-{ei['m']}x{ei['n']}"
+        tail = "-backward" if ei["regime"] == "backward" else ""
+        assert b["group"] == f"{ei['op']}-{ei['dtype']}-{ei['m']}x{ei['n']}{tail}"
         assert ei["correct"] is True and ei["bytes"] > 0 and ei["ceiling_gbps"] > 0 and ei["timer"] == "wall"
         # pytest-benchmark's stats are the kernel clock's: its median is the timer's median.
         assert st["median"] == pytest.approx(ei["median_us"] / 1e6, rel=1e-12)

@@ -240,6 +240,19 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
             lines += ["", "Not timed by CUDA-graph replay:", ""] + [f"- {o}" for o in odd]
         lines.append("")
 
+    if tables("backward"):
+        lines += ["## Backward regime", "",
+                  "dx, dw and db of one backward pass, timed as the bandwidth regime; bytes: x and dy read, dx "
+                  "written, the weight read, dw and db written once, the saved statistics read.", ""]
+    for op, dt in tables("backward"):
+        t = by_table[("backward", op, dt)]
+        lines += [f"### {OP_TITLE.get(op, op)} backward, {dt}", ""]
+        lines += _matrix(t, baseline, lambda r: f"{r['pct']:.1f}%" if r["pct"] is not None else f"{r['gbps']:.0f} GB/s",
+                         "% of copy", rank=not smoke)
+        lines += ["", "<details><summary>median time, GB/s, % of copy, speedup</summary>", ""]
+        lines += _long(t, baseline, rank=not smoke)
+        lines += ["", "</details>", ""]
+
     lines += ["## Repeatability", ""]
     rep = repeatability(rows)
     if not rep:

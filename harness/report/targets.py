@@ -8,6 +8,8 @@ Bandwidth regime (first pass, % of the same run's copy ceiling), at M x N >= 2^2
 - N in 1024, 2048 (M >= 32768): >= 90%; N in 65536, 262144: >= 85% (both thresholds);
 - every dtype, and at every shape each project backend at least as fast as the best peer.
 Decode regime: each project backend no slower than the best peer.
+Backward regime (bfloat16, N in BACKWARD_TARGET_N): the project's best backward >= 85% of copy and
+faster than each of BACKWARD_PEERS' backward.
 
 The project's kernels are those that declare ``NormKernel.project`` (each row says so); every
 other kernel is a peer.
@@ -29,6 +31,11 @@ def thresholds(op: str, m: int, n: int) -> tuple[float, float] | None:
     if n in TARGET_LONG_N:
         return 85.0, 85.0
     return None
+
+
+BACKWARD_TARGET_N = (1024, 2048, 4096, 8192)
+BACKWARD_TARGET_PCT = 85.0
+BACKWARD_PEERS = ("liger", "torch_compile")  # named by the issue that set the target
 
 
 def _backend(kernel: str) -> str:
@@ -96,9 +103,30 @@ def decode(rows: list[dict]) -> list[dict]:
     return out
 
 
+def backward(rows: list[dict]) -> list[dict]:
+    out = []
+    for (op, dtype, m, n), rs in sorted(_by_shape(rows, "backward").items()):
+        if dtype != "bfloat16" or n not in BACKWARD_TARGET_N:
+            continue
+        rs = [r for r in rs if r["pct"] is not None]
+        best = _best([r for r in rs if r.get("project")], lambda r: r["pct"], max)
+        gaps = []
+        if best is None:
+            gaps.append("no project backward ran")
+        else:
+            if best["pct"] < BACKWARD_TARGET_PCT:
+                gaps.append(f"best {best['pct']:.1f}% < {BACKWARD_TARGET_PCT:.0f}%")
+            for r in rs:
+                if _backend(r["kernel"]) in BACKWARD_PEERS and r["pct"] >= best["pct"]:
+                    gaps.append(f"{best['kernel']} {best['pct']:.1f}% <= {r['kernel']} {r['pct']:.1f}%")
+        out.append({"op": op, "dtype": dtype, "m": m, "n": n, "best": best and (best["kernel"], best["pct"]),
+                    "gaps": gaps})
+    return out
+
+
 def render(rows: list[dict]) -> list[str]:
-    bw, dc = bandwidth(rows), decode(rows)
-    if not bw and not dc:
+    bw, dc, bk = bandwidth(rows), decode(rows), backward(rows)
+    if not bw and not dc and not bk:
         return []
     met_bw, met_dc = sum(not t["gaps"] for t in bw), sum(not t["gaps"] for t in dc)
     ours = project_backends(rows)
@@ -118,6 +146,14 @@ def render(rows: list[dict]) -> list[str]:
             best = "-" if t["best"] is None else f"{t['best']:.1f}%"
             lines.append(f"| {t['op']} | {t['dtype']} | {t['m']} x {t['n']} | {best} | " + " | ".join(cells)
                          + f" | {peer} | {'; '.join(t['gaps']) or 'met'} |")
+        lines.append("")
+    if bk:
+        met = sum(not t["gaps"] for t in bk)
+        lines += [f"Backward regime (bfloat16, N {', '.join(map(str, BACKWARD_TARGET_N))}): **{met} of {len(bk)} "
+                  f"shapes** meet the targets (the best project backward >= {BACKWARD_TARGET_PCT:.0f}% of copy and "
+                  f"faster than {', '.join(BACKWARD_PEERS)}).", ""]
+        lines += [f"- {t['op']} {t['m']} x {t['n']}: " + (f"{t['best'][1]:.1f}% {t['best'][0]}" if t["best"] else "-")
+                  + f"; {'; '.join(t['gaps']) or 'met'}" for t in bk]
         lines.append("")
     missed = [t for t in dc if t["gaps"]]
     if missed:
