@@ -141,6 +141,10 @@ class NormKernel:
     # Whether a row's bits are the same whatever else shares the call: True (claimed: a change
     # fails the check), False (known not to be), None (unknown: measured and reported).
     batch_invariant: ClassVar[bool | None] = None
+    # The same two claims for the backward (dx per row; dw and db are sums over the batch, so
+    # their invariance is not asked, their determinism is): None where unknown.
+    backward_nondeterministic: ClassVar[str | None] = None
+    backward_batch_invariant: ClassVar[bool | None] = None
 
     @property
     def name(self) -> str:
