@@ -141,8 +141,8 @@ class NormKernel:
     # Whether a row's bits are the same whatever else shares the call: True (claimed: a change
     # fails the check), False (known not to be), None (unknown: measured and reported).
     batch_invariant: ClassVar[bool | None] = None
-    # The same two claims for the backward (dx per row; dw and db are sums over the batch, so
-    # their invariance is not asked, their determinism is): None where unknown.
+    # The same two claims for the backward, read the same way: batch invariance is dx's (a row's
+    # dx bits whatever shares the call; dw and db are sums over the batch), determinism all three.
     backward_nondeterministic: ClassVar[str | None] = None
     backward_batch_invariant: ClassVar[bool | None] = None
 
