@@ -172,3 +172,27 @@ def test_liger_plugin_backward(op):
     _check(op, kernel, 17, 129, torch.bfloat16, True, op == "layer_norm", stride=160)
     if op == "rms_norm":
         _check(op, kernel, 17, 129, torch.bfloat16, False, False)
+
+
+# -- TileLang (compiled for sm_90 by harness/test_offline_compile.py; executed only on a GPU) ----
+def test_tilelang_backward_is_declared_once_per_op_and_refused_without_a_gpu():
+    from impls.tilelang.backward import BWD_MAX_N, backward_plan
+
+    kernels = registry.kernels(["tilelang"])
+    assert kernels and all(k.has_backward for k in kernels)
+    declared = {k.op for k in kernels for b in k.offline_builds() if b[0] == "backward"}
+    assert declared == {"rms_norm", "layer_norm"}
+    # The plan pads the row to whole vectors per thread, as the forward's, up to BWD_MAX_N.
+    for n, vec in ((4000, 8), (769, 1), (BWD_MAX_N, 8), (1, 1)):
+        plan = backward_plan("layer_norm", torch.bfloat16, n, True, vec)
+        assert plan.padded >= n and plan.padded % (plan.threads_per_row * vec) == 0
+    k = registry.get("layer_norm", "tilelang", "layer_norm_fwd")
+    if k.unavailable():
+        x, dy, w, b = _inputs("layer_norm", 2, 8, torch.float32, True, True)
+        with pytest.raises(UnsupportedCase):
+            k.backward(x, w, b, dy, NormOutputs(y=x, mean=torch.zeros(2), rstd=torch.ones(2)))
+        pytest.skip(k.unavailable())
+    for op, variant in (("rms_norm", "fragment"), ("layer_norm", "layer_norm_fwd")):
+        kernel = registry.get(op, "tilelang", variant)
+        for has_w, has_b in AFFINE[op]:
+            _check(op, kernel, 17, 1000, torch.bfloat16, has_w, has_b, stride=1008)
