@@ -90,28 +90,49 @@ class TritonBackward:
         dbp = torch.empty(groups, n, **f32) if has_db else saved.rstd
         c1 = c2 = saved.rstd  # never read in the one-tile form
         opts = {} if interp else {"num_warps": cfg.num_warps}
-        with torch.cuda.device(x.device) if x.device.type == "cuda" else _nothing():
-            if not cfg.one_tile:
-                c1, c2 = torch.empty(m, **f32), torch.empty(m, **f32)
-                k.bwd_row_stats[(cdiv(m, cfg.rows),)](
-                    x, dy, w, mean, saved.rstd, c1, c2, m, n, x.stride(0), dy.stride(0),
-                    HAS_WEIGHT=weight is not None, IS_LN=is_ln, ROWS=cfg.rows, BLOCK_N=cfg.block_n, **opts)
-            k.bwd_rows[(groups, cdiv(n, cfg.block_n))](
-                x, dy, w, mean, saved.rstd, c1, c2, out.dx, dwp, dbp, m, n, x.stride(0), dy.stride(0),
-                out.dx.stride(0), HAS_WEIGHT=weight is not None, IS_LN=is_ln, HAS_DW=has_dw, HAS_DB=has_db,
-                ONE_TILE=cfg.one_tile, BLOCK_M=BWD_BLOCK_M, ROWS=cfg.rows, BLOCK_N=cfg.block_n,
-                ROUND_BF16=round_bf16, **opts)
-            if has_dw or has_db:
-                k.bwd_reduce[(cdiv(n, REDUCE_BLOCK_N),)](
-                    dwp, dbp, out.dw if has_dw else dwp, out.db if has_db else dbp, groups, n,
-                    HAS_DW=has_dw, HAS_DB=has_db, PARTS=REDUCE_PARTS,
-                    ITERS=next_pow2(cdiv(groups, REDUCE_PARTS)), BLOCK_N=REDUCE_BLOCK_N,
-                    ROUND_BF16=round_bf16, **({} if interp else {"num_warps": 4}))
+        flags = dict(HAS_WEIGHT=weight is not None, IS_LN=is_ln)
+        if not cfg.one_tile:
+            c1, c2 = torch.empty(m, **f32), torch.empty(m, **f32)
+            self._bwd_launch("bwd_row_stats", x, (cdiv(m, cfg.rows),),
+                             (x, dy, w, mean, saved.rstd, c1, c2, m, n, x.stride(0), dy.stride(0)),
+                             dict(**flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, **opts))
+        self._bwd_launch("bwd_rows", x, (groups, cdiv(n, cfg.block_n)),
+                         (x, dy, w, mean, saved.rstd, c1, c2, out.dx, dwp, dbp, m, n, x.stride(0), dy.stride(0),
+                          out.dx.stride(0)),
+                         dict(**flags, HAS_DW=has_dw, HAS_DB=has_db, ONE_TILE=cfg.one_tile, BLOCK_M=BWD_BLOCK_M,
+                              ROWS=cfg.rows, BLOCK_N=cfg.block_n, ROUND_BF16=round_bf16, **opts))
+        if has_dw or has_db:
+            self._bwd_launch("bwd_reduce", x, (cdiv(n, REDUCE_BLOCK_N),),
+                             (dwp, dbp, out.dw if has_dw else dwp, out.db if has_db else dbp, groups, n),
+                             dict(HAS_DW=has_dw, HAS_DB=has_db, PARTS=REDUCE_PARTS,
+                                  ITERS=next_pow2(cdiv(groups, REDUCE_PARTS)), BLOCK_N=REDUCE_BLOCK_N,
+                                  ROUND_BF16=round_bf16, **({} if interp else {"num_warps": 4})))
 
+    _bwd_recorded: list | None = None
 
-class _nothing:
-    def __enter__(self):
-        return None
+    def _bwd_launch(self, name: str, x: torch.Tensor, grid: tuple, args: tuple, kwargs: dict) -> None:
+        fn = getattr(_kernels(), name)
+        if self._bwd_recorded is not None:
+            self._bwd_recorded.append((name, fn, args, kwargs))
+        elif x.device.type == "cuda":
+            with torch.cuda.device(x.device):
+                fn[grid](*args, **kwargs)
+        else:
+            fn[grid](*args, **kwargs)
 
-    def __exit__(self, *exc):
-        return False
+    def backward_launches(self, x: torch.Tensor, weight=None, bias=None,
+                          cfg: BackwardConfig | None = None) -> list[tuple]:
+        """(kernel name, @triton.jit function, arguments, keyword arguments) of each launch a
+        backward on these rows would make, without running anything (tools.triton_resources
+        compiles them offline); the tensors are never read."""
+        m = x.shape[0]
+        stat = torch.empty(m, dtype=torch.float32, device=x.device)
+        saved = NormOutputs(y=x, mean=stat if self.op == "layer_norm" else None, rstd=stat)
+        out = NormGrads(torch.empty_like(x), None if weight is None else torch.empty_like(weight),
+                        None if bias is None else torch.empty_like(bias))
+        self._bwd_recorded = []
+        try:
+            self._backward(x, weight, bias, torch.empty_like(x), saved, 1e-5, out, cfg)
+            return self._bwd_recorded
+        finally:
+            del self._bwd_recorded
