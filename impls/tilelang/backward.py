@@ -42,15 +42,18 @@ class TileLangBackward:
     backward_nondeterministic = None
     backward_batch_invariant = True  # one plan for every M; each row's dx alone in its block
 
-    # (dtype, N, affine): a padded N with 16-byte vectors, an odd N (scalar), the capacity edge.
-    BACKWARD_BUILDS = (("bfloat16", 4000, "full"), ("float32", 769, "full"), ("bfloat16", BWD_MAX_N, "none"))
+    # (dtype, N, affine): a padded N with 16-byte vectors, the capacity edge (the most registers),
+    # and for LayerNorm an odd N (scalar accesses; the program is the same for both ops).
+    BACKWARD_BUILDS = (("bfloat16", 4000, "full"), ("bfloat16", BWD_MAX_N, "full"))
+    BACKWARD_BUILDS_LN = (("float32", 769, "full"),)
 
     def backward_builds(self) -> tuple:
         """The backward's offline builds, ("backward", dtype, N, affine): declared by one kernel
         per op (the RMSNorm variants share the program)."""
         if self.variant not in ("fragment", "layer_norm_fwd"):
             return ()
-        return tuple(("backward", *b) for b in self.BACKWARD_BUILDS)
+        extra = self.BACKWARD_BUILDS_LN if self.op == "layer_norm" else ()
+        return tuple(("backward", *b) for b in self.BACKWARD_BUILDS + extra)
 
     def build_backward_offline(self, build) -> dict:
         _, dtype, n, affine = build
