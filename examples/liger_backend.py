@@ -21,6 +21,18 @@ dtype before the weight multiply (Hugging Face Llama's order); in float16 and bf
 rounding exceeds the one-ulp tolerance by design, so it would test the mode, not the kernel.
 For float32 input the two modes are the same computation.
 
+Backward, through the functions Liger's autograd Functions call:
+- rms_norm_backward(dY, X, W, RSTD, offset, casting_mode, BLOCK_SIZE, num_warps, in_place,
+  row_mode) -> (dX, dW); casting_mode as the forward returns it (an int), BLOCK_SIZE and num_warps
+  from liger_kernel.ops.utils.calculate_settings(N) as the forward's; in_place=False, so dY (the
+  caller's buffer) is not overwritten with dX.
+- layer_norm_backward(dY, X, W, B, Mean, RSTD) -> (dX, dW, dB).
+Both take the forward's saved RSTD (and Mean); dW and dB are float32 partials per SM (one program
+per SM, rows split evenly among them), summed by torch: the partials depend on the GPU's SM count
+and on M (rows per program), so dw's bits change with M's split; no atomics.
+(Read from Liger-Kernel's main branch at version 0.8.2; the 0.8.5 forward signatures above are
+unchanged there, and these are assumed the same in 0.8.5, not run here.)
+
 Declared limits (Liger 0.8.5):
 - N <= 65536: calculate_settings refuses a block (next power of two >= N) above 65536 elements.
 - LayerNorm needs weight and bias: layer_norm_forward reads both unconditionally.
@@ -29,7 +41,7 @@ Declared limits (Liger 0.8.5):
 """
 from __future__ import annotations
 
-from impls.base import NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
+from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
 from impls.registry import register
 
 LIGER_VERSION = "0.8.5"
@@ -86,6 +98,18 @@ class LigerRMSNorm(_Liger):
         out.y.copy_(y.view(out.y.shape))
         out.rstd.copy_(rstd.reshape(-1))  # float32 in this casting mode; copy_ converts otherwise
 
+    def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
+        rms, _ = _ops()
+        from liger_kernel.ops.utils import calculate_settings
+
+        block, warps = calculate_settings(x.shape[-1])
+        mode = getattr(rms, "_str_to_casting_mode", {}).get("gemma", 1)  # the forward's int form
+        dx, dw = rms.rms_norm_backward(dy.contiguous(), x.contiguous(), weight, saved.rstd.contiguous(), 0.0, mode,
+                                       block, warps, False, None)
+        out.dx.copy_(dx.view(out.dx.shape))
+        if out.dw is not None:
+            out.dw.copy_(dw)
+
 
 @register
 class LigerLayerNorm(_Liger):
@@ -110,3 +134,11 @@ class LigerLayerNorm(_Liger):
         out.y.copy_(y.view(out.y.shape))
         out.mean.copy_(mean.reshape(-1))
         out.rstd.copy_(rstd.reshape(-1))
+
+    def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
+        _, ln = _ops()
+        dx, dw, db = ln.layer_norm_backward(dy.contiguous(), x.contiguous(), weight, bias,
+                                            saved.mean.contiguous(), saved.rstd.contiguous())
+        out.dx.copy_(dx.view(out.dx.shape))
+        out.dw.copy_(dw)
+        out.db.copy_(db)

@@ -12,7 +12,16 @@ Entry points (csrc/layer_norm_cuda.cpp), each returning fresh tensors:
   rms_forward(x, normalized_shape, eps)                    -> [y, invvar]
   rms_forward_affine(x, normalized_shape, weight, eps)     -> [y, invvar]
 invvar is rstd; mean and invvar have shape (M,) and dtype float32 for float32, float16 and
-bfloat16 input. Declared limits, from that source:
+bfloat16 input. The backward entry points take the forward's saved statistics; since apex
+added its memory-efficient mode (input_or_output: x, or y when memory_efficient is true) they
+end in a ``memory_efficient`` flag, which older builds lack (both forms are called here, with
+x and the flag false: the saved mean and invvar are used, nothing is recomputed from y):
+  backward(dy, mean, invvar, x, normalized_shape, eps[, memory_efficient])            -> dx
+  backward_affine(dy, mean, invvar, x, normalized_shape, weight, bias, eps[, m_e])    -> [dx, dw, db]
+  rms_backward(dy, invvar, x, normalized_shape, eps[, memory_efficient])              -> dx
+  rms_backward_affine(dy, invvar, x, normalized_shape, weight, eps[, m_e])            -> [dx, dw]
+dw and db come from apex's own two-stage column reduction (partial sums per block of rows,
+then a reduction of those), every element written, no atomics. Declared limits, from that source:
 - x must be contiguous: rows with a stride are copied first, as apex's own modules do.
 - LayerNorm takes weight and bias together or neither: there is no weight-only entry point
   (forward_affine requires a bias tensor, and the kernel treats a weight without a bias as no
@@ -23,7 +32,7 @@ bfloat16 input. Declared limits, from that source:
 """
 from __future__ import annotations
 
-from impls.base import NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
+from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
 from impls.registry import register
 
 EXTENSION = "fused_layer_norm_cuda"
@@ -52,6 +61,18 @@ def _version() -> str:
         return md.version("apex")
     except md.PackageNotFoundError:
         return "version unknown"
+
+
+def _backward_call(name: str, *args):
+    """Call the backward entry point ``name`` with memory_efficient=False, or without the flag
+    on builds from before it (their signature is the same less that last argument)."""
+    fn = getattr(_load(), name)
+    try:
+        return fn(*args, False)
+    except TypeError as exc:
+        if "incompatible function arguments" not in str(exc):
+            raise
+        return fn(*args)
 
 
 class _Apex(NormKernel):
@@ -96,6 +117,15 @@ class ApexRMSNorm(_Apex):
         out.y.copy_(y)
         out.rstd.copy_(invvar.reshape(-1))
 
+    def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
+        x, dy, rstd, n = x.contiguous(), dy.contiguous(), saved.rstd.contiguous(), [x.shape[-1]]
+        if weight is None:
+            out.dx.copy_(_backward_call("rms_backward", dy, rstd, x, n, eps))
+            return
+        dx, dw = _backward_call("rms_backward_affine", dy, rstd, x, n, weight, eps)
+        out.dx.copy_(dx)
+        out.dw.copy_(dw)
+
 
 @register
 class ApexLayerNorm(_Apex):
@@ -123,3 +153,14 @@ class ApexLayerNorm(_Apex):
         out.y.copy_(y)
         out.mean.copy_(mean.reshape(-1))
         out.rstd.copy_(invvar.reshape(-1))
+
+    def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
+        x, dy, n = x.contiguous(), dy.contiguous(), [x.shape[-1]]
+        mean, rstd = saved.mean.contiguous(), saved.rstd.contiguous()
+        if weight is None:  # weight and bias together or neither (unsupported() refuses the rest)
+            out.dx.copy_(_backward_call("backward", dy, mean, rstd, x, n, eps))
+            return
+        dx, dw, db = _backward_call("backward_affine", dy, mean, rstd, x, n, weight, bias, eps)
+        out.dx.copy_(dx)
+        out.dw.copy_(dw)
+        out.db.copy_(db)

@@ -149,6 +149,10 @@ class NormKernel:
     # Whether a row's bits are the same whatever else shares the call: True (claimed: a change
     # fails the check), False (known not to be), None (unknown: measured and reported).
     batch_invariant: ClassVar[bool | None] = None
+    # The same two claims for the backward, read the same way: batch invariance is dx's (a row's
+    # dx bits whatever shares the call; dw and db are sums over the batch), determinism all three.
+    backward_nondeterministic: ClassVar[str | None] = None
+    backward_batch_invariant: ClassVar[bool | None] = None
 
     @property
     def name(self) -> str:
@@ -278,6 +282,9 @@ class NormKernel:
                             dw=None if weight is None else torch.empty_like(weight),
                             db=None if bias is None else torch.empty_like(bias))
         x2, dy2 = rows_view(x, "x", allow_copy=True), rows_view(dy, "dy", allow_copy=True)
+        reason = self.unsupported(spec_of(self.op, x2, x.device.type, weight, bias))
+        if reason:  # as the forward: a kernel that cannot run here says why, before any backend code
+            raise UnsupportedCase(reason)
         if x2.shape[0]:
             grads = NormGrads(dx=rows_view(out.dx, "out.dx", allow_copy=False), dw=out.dw, db=out.db)
             stats = NormOutputs(y=x2, mean=None if saved.mean is None else saved.mean.reshape(-1),

@@ -16,6 +16,11 @@
   profile compiles ~430 static classes, ~240 with dynamic rows). ``note()`` says which mode ran.
 - ``prepare(spec)`` compiles and runs a class once, so benchmarks keep compilation out of the
   timed region.
+- The backward is what a model compiled with torch.compile trains with: the forward math (y only)
+  compiled per shape class, and autograd through it, so AOTAutograd's compiled backward graph
+  computes dx, dw and db from the statistics its own compiled forward saved. That forward runs
+  again inside each backward call (a compiled graph's saved tensors cannot be handed in), so the
+  kernel's ``saved`` statistics are checked by the interface but not read.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from typing import Callable, ClassVar
 
 import torch
 
-from impls.base import DEFAULT_EPS, NormKernel, NormOutputs, NormSpec, UnsupportedCase, cuda_present
+from impls.base import DEFAULT_EPS, NormGrads, NormKernel, NormOutputs, NormSpec, UnsupportedCase, cuda_present
 from impls.registry import register
 
 _PROBES: dict[str, str | None] = {}  # device type -> why Inductor cannot compile there, or None
@@ -77,6 +82,18 @@ def _layer_norm(x, weight, bias, eps: float, y, mean, rstd):
     rstd.copy_(r.view(-1))
 
 
+def _rms_norm_y(x, weight, bias, eps: float):
+    xf = x.float()
+    yf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        yf = yf * weight.float()
+    return yf.to(x.dtype)
+
+
+def _layer_norm_y(x, weight, bias, eps: float):
+    return torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)[0]
+
+
 def _fresh(fn: Callable, tag: str) -> Callable:
     """A copy of ``fn`` with a code object of its own: Dynamo keeps its cache, and counts its
     recompile limits, per code object."""
@@ -89,8 +106,11 @@ class _TorchCompile(NormKernel):
     variant = "inductor"
     _fn: ClassVar[Callable]
 
+    _y_fn: ClassVar[Callable]  # the forward's y alone, differentiable (the backward's graph)
+
     def __init__(self):
         self._compiled: dict[tuple, Callable] = {}
+        self._compiled_bwd: dict[tuple, Callable] = {}
 
     def availability(self) -> str | None:
         return _probe(_device())
@@ -141,6 +161,25 @@ class _TorchCompile(NormKernel):
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
         self._bound(x, weight, bias, eps, out)()
 
+    def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
+        key = self._key(x, weight, bias, eps, x)
+        fn = self._compiled_bwd.get(key)
+        if fn is None:
+            fn = torch.compile(_fresh(type(self)._y_fn, f"b{len(self._compiled_bwd)}"), dynamic=False, fullgraph=True)
+            self._compiled_bwd[key] = fn
+        with torch.enable_grad():
+            xl, wl, bl = (None if t is None else t.detach().requires_grad_() for t in (x, weight, bias))
+            if key[3] is None:
+                torch._dynamo.maybe_mark_dynamic(xl, 0)
+            leaves = [t for t in (xl, wl, bl) if t is not None]
+            grads = iter(torch.autograd.grad(fn(xl, wl, bl, eps), leaves, dy))
+        out.dx.copy_(next(grads))
+        for t, given in ((out.dw, wl), (out.db, bl)):
+            if given is not None:
+                g = next(grads)
+                if t is not None:
+                    t.copy_(g)
+
     def bench_callable(self, x, weight, bias, eps, out):
         # Run once here, so a class that prepare() did not cover still compiles outside the timing.
         call = self._bound(x, weight, bias, eps, out)
@@ -172,6 +211,7 @@ class CompiledRMSNorm(_TorchCompile):
     op = "rms_norm"
     outputs = ("y", "rstd")
     _fn = staticmethod(_rms_norm)
+    _y_fn = staticmethod(_rms_norm_y)
 
     def stat_dtype(self, dtype, device):
         return torch.float32
@@ -195,6 +235,7 @@ class CompiledLayerNorm(_TorchCompile):
     op = "layer_norm"
     outputs = ("y", "mean", "rstd")
     _fn = staticmethod(_layer_norm)
+    _y_fn = staticmethod(_layer_norm_y)
 
     def _args(self, x, weight, bias, eps, out):
         return (x, weight, bias, eps, out.y, out.mean, out.rstd)

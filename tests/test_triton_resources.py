@@ -54,3 +54,13 @@ def test_the_interpreter_is_refused_with_the_reason():
     r = subprocess.run([sys.executable, "-m", "tools.triton_resources"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "TRITON_INTERPRET=1" in r.stderr
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_the_backward_kernels_compile_for_sm90_without_spills(tmp_path, op):
+    """Every launch of the Triton backward (the one-tile row kernel, the long-row statistics pass
+    and column blocks, the final dw/db reduction) compiles for sm_90 and holds no stack."""
+    rows = _run(tmp_path, "--backward", "--op", op, "--dtype", "bfloat16", "--ns", "1000,8192,16384")
+    assert {r["kernel"] for r in rows} == {"bwd_rows", "bwd_row_stats", "bwd_reduce"}
+    for r in rows:
+        assert r["stack"] == 0 and 0 < r["registers"] <= 255, r

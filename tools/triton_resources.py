@@ -9,6 +9,7 @@ measured 58.9% of copy against 92.7%; a cap of 64 registers gave it 92.7% back
 
     python -m tools.triton_resources --op layer_norm --dtype bfloat16 --ns 8192,16384
     python -m tools.triton_resources --op rms_norm --dtype float32 --ns 12288 --forms
+    python -m tools.triton_resources --op layer_norm --dtype bfloat16 --ns 4096,16384 --backward
 
 Rows: M only picks the launch rule (decode at M <= 128); up to 256 rows are allocated (on the
 CPU, never touched). The split variant is left out: its launcher asks the GPU how many programs
@@ -106,6 +107,39 @@ def resources(op: str, variant: str, dtype: torch.dtype, n: int, m: int = 16384,
     return Resources(name, cfg, regs, stack, blocks_per_sm(regs, cfg.num_warps, compiled.metadata.shared))
 
 
+def _usage(compiled) -> tuple[int, int]:
+    """Registers and stack bytes per thread of a compiled kernel, from cuobjdump."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([_tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True,
+                               check=True).stdout
+    return int(re.search(r"REG:(\d+)", usage).group(1)), int(re.search(r"STACK:(\d+)", usage).group(1))
+
+
+def backward_resources(op: str, dtype: torch.dtype, n: int, m: int = 16384) -> list[Resources]:
+    """Compile every kernel the Triton backward launches for M x N rows (full affine) and read
+    each one's resource usage (TritonBackward.backward_launches; setting: backward_config)."""
+    import impls.triton  # noqa: F401
+    from impls import registry
+    from impls.triton.backward import backward_config
+
+    kernel = registry.get(op, "triton", "invariant")
+    rows = m if m <= 256 else 256
+    x = torch.empty(rows, n, dtype=dtype)
+    w = torch.empty(n, dtype=dtype)
+    b = torch.empty(n, dtype=dtype) if op == "layer_norm" else None
+    cfg = backward_config(n, dtype)
+    found = []
+    for name, fn, args, kwargs in kernel.backward_launches(x, w, b, cfg):
+        compiled = compile_sm90(fn, args, kwargs)
+        regs, stack = _usage(compiled)
+        own = cfg if name != "bwd_reduce" else dataclasses.replace(
+            cfg, block_n=kwargs["BLOCK_N"], rows=kwargs["PARTS"], num_warps=kwargs["num_warps"])
+        found.append(Resources(name, own, regs, stack, blocks_per_sm(regs, own.num_warps, compiled.metadata.shared)))
+    return found
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--op", default="layer_norm", choices=("rms_norm", "layer_norm"))
@@ -115,6 +149,7 @@ def main(argv=None) -> int:
     p.add_argument("--m", type=int, default=16384)
     p.add_argument("--forms", action="store_true", help="rowwise at one row per program: both forms")
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--backward", action="store_true", help="the backward's kernels instead (any --variant)")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         p.error("TRITON_INTERPRET=1: the interpreter's kernels cannot be compiled; unset it")
@@ -125,7 +160,14 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     print(f"{'op':<10} {'dtype':<8} {'N':>6} {'kernel':<20} {'block':>6} {'rows':>4} {'warps':>5} {'cap':>4} "
           f"{'regs':>4} {'stack':>5} {'blocks/SM':>9}")
-    for n in (int(v) for v in args.ns.split(",")):
+    for n in (int(v) for v in args.ns.split(",")) if args.backward else ():
+        for x in backward_resources(args.op, dtype, n, args.m):
+            rows.append(dict(op=args.op, dtype=args.dtype, n=n, kernel=x.kernel, block_n=x.config.block_n,
+                             rows=x.config.rows, warps=x.config.num_warps, registers=x.registers, stack=x.stack,
+                             blocks_per_sm=x.blocks_per_sm))
+            print(f"{args.op:<10} {args.dtype:<8} {n:>6} {x.kernel:<20} {x.config.block_n:>6} {x.config.rows:>4} "
+                  f"{x.config.num_warps:>5} {'-':>4} {x.registers:>4} {x.stack:>5} {x.blocks_per_sm:>9}", flush=True)
+    for n in (int(v) for v in args.ns.split(",")) if not args.backward else ():
         r = resources(args.op, args.variant, dtype, n, args.m)
         found = [r]
         if args.forms and args.variant == "rowwise" and r.config.rows == 1:

@@ -8,6 +8,7 @@ import torch
 from impls import fastpath
 from impls.base import NormKernel, NormOutputs, NormSpec, UnsupportedCase, cuda_present
 from impls.tilelang import compiler
+from impls.tilelang.backward import TileLangBackward
 from impls.tilelang.plan import DECODE_MAX_ROWS, DECODE_TUNED, Plan, choose_vec, make_plan, max_vec
 
 # TileLang binds the flat buffers' lengths as int32.
@@ -29,7 +30,7 @@ def _align_offset(t: torch.Tensor | None) -> int:
     return 0 if t is None else (t.data_ptr() % 16) // t.element_size()
 
 
-class TileLangKernel(NormKernel):
+class TileLangKernel(TileLangBackward, NormKernel):
     backend = "tilelang"
     project = True
     packages = ("tilelang",)
@@ -98,9 +99,11 @@ class TileLangKernel(NormKernel):
             builds += [("bfloat16", 4000, "weight", None), ("bfloat16", 4000, "bias", None)]
         builds += [("bfloat16" if size == 2 else "float32", n, full, 1)
                    for variant, size, n in DECODE_TUNED if variant == self.variant]
-        return tuple(builds)
+        return tuple(builds) + self.backward_builds()
 
     def build_offline(self, build) -> dict:
+        if build[0] == "backward":
+            return self.build_backward_offline(build)
         dtype, n, affine, m = build
         tl, why = compiler.tilelang_module()
         if tl is None:

@@ -19,6 +19,7 @@ from impls.base import NormKernel, cuda_present
 from impls.gpu_limits import cdiv, next_pow2
 from impls.triton import settings
 from impls.triton._fast import lean_plan
+from impls.triton.backward import TritonBackward
 from impls.triton.settings import DECODE_MAX_ROWS, DECODE_MIN_BLOCK, ROWWISE_MAX_N, LaunchConfig, launch_config
 
 
@@ -95,7 +96,7 @@ class Launch:
     grid: tuple
 
 
-class TritonKernel(NormKernel):
+class TritonKernel(TritonBackward, NormKernel):
     backend = "triton"
     project = True
     packages = ("triton",)

@@ -1,0 +1,134 @@
+"""The Triton backward kernels (imported, like _kernels, only once triton is known to load).
+
+With x^ = (x - mean) * rstd (LayerNorm) or x * rstd (RMSNorm), mean and rstd the forward's saved
+ones (never recomputed), and g = dy * w (dy without a weight):
+
+    dx = rstd * (g - c2 - x^ * c1),  c1 = sum(g * x^) / N,  c2 = sum(g) / N (LayerNorm only)
+    dw = sum over rows of dy * x^,   db = sum over rows of dy
+
+dx: rows in [ROWS, BLOCK_N] tiles. Padded lanes are zeroed with tl.where before any row sum:
+x loads 0 there, and x^ = (0 - mean) * rstd would otherwise enter c1.
+
+dw, db: program p owns rows [p * BLOCK_M, (p + 1) * BLOCK_M) and writes their sums, accumulated in
+float32 in row order, to row p of the float32 partials; ``bwd_reduce`` then sums the partials of
+each column in program order. No atomics: the same inputs give the same bits, and BLOCK_M is a
+constant (not a function of M), so the grouping of rows into partials never moves.
+
+Two forms of the row kernel: ONE_TILE (BLOCK_N covers N) computes c1 and c2 in the tile; otherwise
+``bwd_row_stats`` first writes c1 and c2 per row (looping over the row in chunks), and the row
+kernel's grid also splits the columns. Offsets are 64-bit, as in the forward.
+"""
+import triton
+import triton.language as tl
+
+from impls.triton._kernels import _store_y
+
+
+@triton.jit
+def _tile(X, DY, W, MEAN, RSTD, rows, rmask, cols, cmask, stride_x, stride_dy,
+          HAS_WEIGHT: tl.constexpr, IS_LN: tl.constexpr):
+    """x^, g, dy and rstd of a [ROWS, BLOCK_N] tile, zero in padded lanes and rows past M."""
+    rows64 = rows.to(tl.int64)
+    mask = rmask[:, None] & cmask[None, :]
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+    if IS_LN:
+        mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    else:
+        xhat = tl.where(mask, x * rstd[:, None], 0.0)
+    g = dy
+    if HAS_WEIGHT:
+        g = dy * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    return xhat, g, dy, rstd, mask
+
+
+@triton.jit
+def bwd_row_stats(
+    X, DY, W, MEAN, RSTD, C1, C2, M, N: tl.constexpr, stride_x, stride_dy,
+    HAS_WEIGHT: tl.constexpr, IS_LN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """c1 and c2 of ROWS rows per program, for rows longer than one tile (N a constant, as in
+    the looped forward: the chunk count is then known)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
+    s1 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    s2 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    for c in tl.range(0, (N + BLOCK_N - 1) // BLOCK_N):
+        cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        xhat, g, dy, rstd, mask = _tile(X, DY, W, MEAN, RSTD, rows, rmask, cols, cols < N, stride_x, stride_dy,
+                                        HAS_WEIGHT, IS_LN)
+        s1 += g * xhat
+        s2 += g
+    tl.store(C1 + rows, tl.sum(s1, axis=1) / N, mask=rmask)
+    tl.store(C2 + rows, tl.sum(s2, axis=1) / N, mask=rmask)
+
+
+@triton.jit
+def bwd_rows(
+    X, DY, W, MEAN, RSTD, C1, C2, DX, DWP, DBP, M, N, stride_x, stride_dy, stride_dx,
+    HAS_WEIGHT: tl.constexpr, IS_LN: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
+    ONE_TILE: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    """dx of rows [pid_m * BLOCK_M, +BLOCK_M) and columns [pid_n * BLOCK_N, +BLOCK_N), and those
+    rows' float32 dw/db partial sums at row pid_m of DWP/DBP (N columns each)."""
+    pid_m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    acc_dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for r0 in tl.range(0, BLOCK_M, ROWS):
+        rows = pid_m * BLOCK_M + r0 + tl.arange(0, ROWS)
+        rmask = rows < M
+        xhat, g, dy, rstd, mask = _tile(X, DY, W, MEAN, RSTD, rows, rmask, cols, cmask, stride_x, stride_dy,
+                                        HAS_WEIGHT, IS_LN)
+        if ONE_TILE:
+            c1 = tl.sum(g * xhat, axis=1) / N
+            c2 = tl.sum(g, axis=1) / N
+        else:
+            c1 = tl.load(C1 + rows, mask=rmask, other=0.0)
+            c2 = tl.load(C2 + rows, mask=rmask, other=0.0)
+        if IS_LN:
+            dx = (g - c2[:, None] - xhat * c1[:, None]) * rstd[:, None]
+        else:
+            dx = (g - xhat * c1[:, None]) * rstd[:, None]
+        _store_y(DX, rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], dx, mask, ROUND_BF16)
+        if HAS_DW:
+            acc_dw += tl.sum(dy * xhat, axis=0)
+        if HAS_DB:
+            acc_db += tl.sum(dy, axis=0)
+    part = pid_m.to(tl.int64) * N + cols
+    if HAS_DW:
+        tl.store(DWP + part, acc_dw, mask=cmask)
+    if HAS_DB:
+        tl.store(DBP + part, acc_db, mask=cmask)
+
+
+@triton.jit
+def bwd_reduce(
+    DWP, DBP, DW, DB, G, N, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr, PARTS: tl.constexpr,
+    ITERS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    """dw and db of BLOCK_N columns: the G partial rows summed in float32, PARTS at a time in a
+    [PARTS, BLOCK_N] tile, in program order (a fixed tree for a given G), rounded once. ITERS
+    (>= G / PARTS, a power of two: one compilation per bucket of M) is a constant loop bound, which
+    the interpreter needs; steps past G add zeros, which leave the sums' bits as they are."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    acc_dw = tl.zeros([PARTS, BLOCK_N], dtype=tl.float32)
+    acc_db = tl.zeros([PARTS, BLOCK_N], dtype=tl.float32)
+    for it in tl.range(0, ITERS):
+        p0 = it * PARTS
+        parts = p0 + tl.arange(0, PARTS)
+        mask = (parts < G)[:, None] & cmask[None, :]
+        offs = parts.to(tl.int64)[:, None] * N + cols[None, :]
+        if HAS_DW:
+            acc_dw += tl.load(DWP + offs, mask=mask, other=0.0)
+        if HAS_DB:
+            acc_db += tl.load(DBP + offs, mask=mask, other=0.0)
+    if HAS_DW:
+        _store_y(DW, cols, tl.sum(acc_dw, axis=0), cmask, ROUND_BF16)
+    if HAS_DB:
+        _store_y(DB, cols, tl.sum(acc_db, axis=0), cmask, ROUND_BF16)

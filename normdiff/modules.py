@@ -1,0 +1,46 @@
+"""``nn.Module``s over the project's kernels (forward and backward), drop-in for torch's
+``nn.RMSNorm`` / ``nn.LayerNorm`` over the last dimension; they call the custom ops of
+normdiff.ops, so they also run inside ``torch.compile``."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from normdiff import ops
+
+
+def _one_dim(normalized_shape) -> int:
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(shape) != 1:
+        raise ValueError(f"normdiff normalises the last dimension only; got normalized_shape={shape}")
+    return shape[0]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, normalized_shape, eps: float = 1e-6, elementwise_affine: bool = True,
+                 kernel: str = "auto", device=None, dtype=None):
+        super().__init__()
+        self.n, self.eps, self.kernel = _one_dim(normalized_shape), eps, kernel
+        self.weight = nn.Parameter(torch.ones(self.n, device=device, dtype=dtype)) if elementwise_affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps, self.kernel)
+
+    def extra_repr(self) -> str:
+        return f"{self.n}, eps={self.eps}, elementwise_affine={self.weight is not None}, kernel={self.kernel!r}"
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 kernel: str = "auto", device=None, dtype=None):
+        super().__init__()
+        self.n, self.eps, self.kernel = _one_dim(normalized_shape), eps, kernel
+        kw = dict(device=device, dtype=dtype)
+        self.weight = nn.Parameter(torch.ones(self.n, **kw)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.zeros(self.n, **kw)) if elementwise_affine and bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.layer_norm(x, self.weight, self.bias, self.eps, self.kernel)
+
+    def extra_repr(self) -> str:
+        return f"{self.n}, eps={self.eps}, elementwise_affine={self.weight is not None}, kernel={self.kernel!r}"
