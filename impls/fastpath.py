@@ -56,24 +56,19 @@ def fast_eps(eps, default: float) -> float | None:
 def output_factory(x: torch.Tensor, outputs: tuple[str, ...]):
     """A function ``alloc(x) -> (y, mean, rstd)`` making the outputs as the validated call does: y
     contiguous in x's shape and dtype; mean and rstd float32 in x's leading shape, None where the
-    kernel does not write them. As few allocations as it can (each costs several µs of host time):
-    y like x where x is contiguous, and mean and rstd as the two rows of one tensor."""
+    kernel does not write them. y is allocated like x where x is contiguous (empty_like parses
+    less than empty(shape, dtype=, device=): each allocation costs several µs of host time). Each
+    output has storage of its own: outputs that alias each other are refused by torch.library's
+    custom ops (normdiff.ops) and would surprise a caller."""
     shape, dtype, device, lead = x.shape, x.dtype, x.device, x.shape[:-1]
     like = x.is_contiguous()
     f32 = torch.float32
     want_mean, want_rstd = "mean" in outputs, "rstd" in outputs
-    pair = (2, *lead)
 
     def alloc(x):
         y = torch.empty_like(x) if like else torch.empty(shape, dtype=dtype, device=device)
-        if want_mean and want_rstd:
-            stats = torch.empty(pair, dtype=f32, device=device)
-            return y, stats[0], stats[1]
-        if want_rstd:
-            return y, None, torch.empty(lead, dtype=f32, device=device)
-        if want_mean:
-            return y, torch.empty(lead, dtype=f32, device=device), None
-        return y, None, None
+        return (y, torch.empty(lead, dtype=f32, device=device) if want_mean else None,
+                torch.empty(lead, dtype=f32, device=device) if want_rstd else None)
 
     return alloc
 
