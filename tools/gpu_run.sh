@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A batched GPU session, in phases that each fit one device call (10 minutes):
-#   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers)
+#   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers);
+#                                 CHECKS_ARGS adds pytest arguments (e.g. -k to time a part)
 #   tools/gpu_run.sh tests OUT    the framework's tests
 #   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep; BENCH_REPEAT passes of the bandwidth
 #                                 part, default 2), README shapes; tools.host_cost
@@ -23,7 +24,8 @@ case $phase in
 checks)
   start=$SECONDS
   timeout -s INT -k 20 "${CHECKS_TIMEOUT:-560}" python -m pytest harness \
-     --profile full --backend all "${liger[@]}" -q -p no:randomly --report-dir="$out" > "$out/checks.log" 2>&1
+     --profile full --backend all "${liger[@]}" -q -p no:randomly --report-dir="$out" ${CHECKS_ARGS:-} \
+     > "$out/checks.log" 2>&1
   echo "checks: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/checks.log"
   tail -n 6 "$out/checks.log"
   ;;
