@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A batched GPU session, in phases that each fit one device call (10 minutes):
 #   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers);
-#                                 CHECKS_ARGS adds pytest arguments (e.g. -k to time a part)
+#                                 CHECKS_K selects a part (pytest -k), e.g. to time it alone
 #   tools/gpu_run.sh tests OUT    the framework's tests
 #   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep; BENCH_REPEAT passes of the bandwidth
 #                                 part, default 2), README shapes; tools.host_cost
@@ -22,9 +22,10 @@ python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch
 pt() { timeout -s INT -k 20 "$1" python -m pytest "${@:2}" -q -p no:randomly; }
 case $phase in
 checks)
+  select=(); [[ -n ${CHECKS_K:-} ]] && select=(-k "$CHECKS_K")
   start=$SECONDS
   timeout -s INT -k 20 "${CHECKS_TIMEOUT:-560}" python -m pytest harness \
-     --profile full --backend all "${liger[@]}" -q -p no:randomly --report-dir="$out" ${CHECKS_ARGS:-} \
+     --profile full --backend all "${liger[@]}" -q -p no:randomly --report-dir="$out" "${select[@]}" \
      > "$out/checks.log" 2>&1
   echo "checks: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/checks.log"
   tail -n 6 "$out/checks.log"
