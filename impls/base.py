@@ -138,6 +138,8 @@ class NormKernel:
     # Why two calls on identical inputs may give different bits (atomics, a reduction order
     # that changes per call), else None: the harness then reports the difference, not a failure.
     nondeterministic: ClassVar[str | None] = None
+    # The same for the backward (dw and db reduced across programs by atomics, say), else None.
+    backward_nondeterministic: ClassVar[str | None] = None
     # Whether a row's bits are the same whatever else shares the call: True (claimed: a change
     # fails the check), False (known not to be), None (unknown: measured and reported).
     batch_invariant: ClassVar[bool | None] = None
