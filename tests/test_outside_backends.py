@@ -16,11 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FILTER = ["--op", "rms_norm", "--dtype", "bfloat16", "--profile", "quick"]
 
 
-def run_harness(*args, env_extra=None, cwd=ROOT):
+def run_harness(*args, env_extra=None, cwd=ROOT, test=None):
     env = {**os.environ, **(env_extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "pytest", str(ROOT / "harness" / "test_differential.py"), "-q", "-p", "no:randomly", *args],
+        [sys.executable, "-m", "pytest", str(test or ROOT / "harness" / "test_differential.py"), "-q", "-p", "no:randomly",
+         *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
     )
 
