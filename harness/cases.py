@@ -296,7 +296,7 @@ def _backward_catalogue(profile: str) -> list[Case]:
             for dt in ("float32",) if not full else all_dtypes:
                 add(bwd(dtype=dt, shape=(m, n), tags=("M tail",)))
     if full:
-        for n in (1000, 4096):
+        for n in (1000, 1024):  # padded and a power of two; ~2^26 elements (the float64 oracle: GBs)
             add(bwd(dtype="float32", shape=(BACKWARD_LARGE_M, n), tags=("large M",)))
     # N: odd and padded lengths in the row sums of dx.
     for n in BACKWARD_N + (BACKWARD_N_FULL if full else ()):

@@ -361,3 +361,24 @@ BACKWARD_PLANTED = {
     for cls in (DwDropsLastPartialBlock, DxMissingMeanTerm, DwAccumulatedIn16Bits, DxDividesByPaddedN,
                 DxDotReadsPastRow, DbScaledByOneOverM)
 }
+
+
+class DwOrderPerCall(CorrectBackward):
+    """dw's rows summed in an order that changes from call to call (partial sums combined by
+    atomics): within tolerance every time, but two calls differ in the last bits. Only the
+    backward determinism check sees it."""
+
+    variant = "dw_order_per_call"
+    calls = 0
+
+    def reduce_dw(self, t):
+        type(self).calls += 1
+        order = torch.randperm(t.shape[0], generator=torch.Generator().manual_seed(self.calls))
+        return _sequential_sum(t[order.to(t.device)])
+
+
+def _sequential_sum(t):
+    acc = torch.zeros_like(t[0])
+    for row in t:
+        acc = acc + row
+    return acc

@@ -88,3 +88,18 @@ def test_a_kernel_without_backward_is_skipped_with_the_reason():
     case = _cases("rms_norm")[0]
     result = check_backward(Correct("rms_norm"), case)
     assert result.skipped == "planted.correct has no backward" and not result.ok
+
+
+def test_backward_determinism_sees_a_reduction_order_per_call():
+    """A dw whose row order changes per call passes the oracle check, and only the bitwise
+    backward determinism check (harness.properties.backward_determinism) catches it."""
+    from harness.cases import Case
+    from harness.properties import backward_determinism
+    from tests.planted import DwOrderPerCall
+
+    case = Case("rms_norm", "float32", (257, 64), dy_dist="normal")
+    kernel = DwOrderPerCall("rms_norm")
+    assert check_backward(kernel, case).ok
+    diffs = backward_determinism(kernel, case, "cpu")
+    assert [d.output for d in diffs] == ["dw"] and diffs[0].max_ulps >= 1
+    assert backward_determinism(CorrectBackward("rms_norm"), case, "cpu") == []
