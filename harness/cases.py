@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.shapes import CHECK_LONG_N, CHECK_LONG_N_QUICK, ODD_N, POW2_N, TAIL_M, TAIL_M_FULL
+from harness.shapes import (BACKWARD_LARGE_M, BACKWARD_N, BACKWARD_N_FULL, BACKWARD_TAIL_M, BACKWARD_TAIL_M_FULL,
+                            CHECK_LONG_N, CHECK_LONG_N_QUICK, ODD_N, POW2_N, TAIL_M, TAIL_M_FULL)
 from impls.base import DEFAULT_EPS, NormSpec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -38,6 +39,7 @@ class Case:
     eps: float | None = None  # None: the op's default
     affine: str = "weight_bias"  # one of AFFINE; rms_norm has no bias ("bias" is LayerNorm's only)
     row_pad: int = 0  # extra elements between rows of x (strided rows)
+    dy_dist: str | None = None  # a backward case: the distribution of dy (see make_dy); None: forward
     tags: tuple[str, ...] = field(default=(), compare=False)  # why the case is in the catalogue
 
     @property
@@ -73,11 +75,18 @@ class Case:
             parts.append(AFFINE_ID[self.affine])
         if self.row_pad:
             parts.append(f"stride{self.n + self.row_pad}")
+        if self.dy_dist is not None:
+            parts.append(f"dy{self.dy_dist}")
         return "-".join(parts)
 
     @property
     def seed(self) -> int:
         return int.from_bytes(hashlib.sha256(self.id.encode()).digest()[:4], "little")
+
+    @property
+    def dy_seed(self) -> int:
+        """dy's own seed, derived from the id as x's is (so dy does not repeat x's draws)."""
+        return int.from_bytes(hashlib.sha256((self.id + "/dy").encode()).digest()[:4], "little")
 
     def spec(self, device: str) -> NormSpec:
         return NormSpec(
@@ -122,6 +131,33 @@ def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:
     if case.has_bias:
         bias = (0.5 * torch.randn(n, generator=gen, device=gen.device)).to(dtype)
     return Inputs(x=x, weight=weight, bias=bias, eps=case.eps_value, storage=storage)
+
+
+def make_dy(case: Case, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient of y for a backward case: (dy, its storage), dy with x's shape, dtype and row
+    stride (strided rows in both), from the case's dy_seed.
+
+    - "normal": standard normal;
+    - "outliers": one row (the middle one) 100 times larger, and every 97th element 10 times:
+      a row dw and db must not drop, and row sums a large element must not swamp (float16's
+      range holds them, and dw over them);
+    - "zeros": about half the elements exactly zero, and the first row and column all zero
+      (dw and db of that column are exactly zero)."""
+    gen = torch.Generator(device=device).manual_seed(case.dy_seed)
+    lead, n = case.shape[:-1], case.n
+    dy = torch.randn((*lead, n + case.row_pad), generator=gen, dtype=torch.float64, device=gen.device)
+    flat = dy.view(-1, n + case.row_pad)
+    if case.dy_dist == "outliers":
+        flat.view(-1)[::97] *= 10
+        flat[flat.shape[0] // 2] *= 100
+    elif case.dy_dist == "zeros":
+        flat.mul_(torch.rand(flat.shape, generator=gen, dtype=torch.float64, device=gen.device) < 0.5)
+        flat[0] = 0
+        flat[:, 0] = 0
+    elif case.dy_dist != "normal":
+        raise ValueError(f"unknown dy distribution {case.dy_dist!r}")
+    storage = dy.to(case.torch_dtype)
+    return storage[..., :n], storage
 
 
 # A "normal" x larger than this is drawn in row chunks (its float64 draw would take GBs); every
@@ -244,12 +280,60 @@ def _catalogue(profile: str) -> list[Case]:
     return cases
 
 
-def catalogue(profile: str = "quick") -> list[Case]:
+def _backward_catalogue(profile: str) -> list[Case]:
+    """Backward cases (dy_dist set): M tails for the dw/db reductions over rows, padded and odd N
+    for the row sums of dx, every accepted weight/bias combination, large-mean rows, dy with
+    outliers and exact zeros, strided rows. ``quick`` (CPU, CI): 17 RMSNorm, 18 LayerNorm cases; ``full``: 115 and 118."""
+    full = profile == "full"
+    all_dtypes = tuple(DTYPES)
+    cases: list[Case] = []
+    add = cases.extend
+    bwd = lambda **kw: _both_ops(**{"dy_dist": "normal", **kw})  # noqa: E731
+    # M: tails of any rows-per-block choice; beyond 65536 rows (float32 only: a 16-bit dw's ulp
+    # there is a row's size, see harness.compare_backward).
+    for m in BACKWARD_TAIL_M + (BACKWARD_TAIL_M_FULL if full else ()):
+        for n in (769,) if not full else (769, 4000, 4096, 8192):
+            for dt in ("float32",) if not full else all_dtypes:
+                add(bwd(dtype=dt, shape=(m, n), tags=("M tail",)))
+    if full:
+        for n in (1000, 1024):  # padded and a power of two; ~2^26 elements (the float64 oracle: GBs)
+            add(bwd(dtype="float32", shape=(BACKWARD_LARGE_M, n), tags=("large M",)))
+    # N: odd and padded lengths in the row sums of dx.
+    for n in BACKWARD_N + (BACKWARD_N_FULL if full else ()):
+        for dt in ("bfloat16",) if not full else all_dtypes:
+            add(bwd(dtype=dt, shape=(17 if not full else 64, n), tags=("padded N",)))
+    # Affine: every accepted combination (the weight-and-bias one is everywhere above).
+    for affine in ("none", "weight", "bias"):
+        for dt in ("float32",) if not full else all_dtypes:
+            add([Case(op=op, dtype=dt, shape=(17, 1000), affine=affine, dy_dist="normal", tags=("affine",))
+                 for op in ("rms_norm", "layer_norm") if op == "layer_norm" or affine != "bias"])
+    # Distributions of x and of dy.
+    for dt in ("float32", "bfloat16") if not full else all_dtypes:
+        add(bwd(dtype=dt, shape=(17, 4097), dist="large_mean", tags=("large_mean",)))
+    for dy_dist, m in (("outliers", 1025), ("zeros", 17)):
+        for dt in ("float32",) if not full else all_dtypes:
+            add(bwd(dtype=dt, shape=(m, 1000), dy_dist=dy_dist, tags=(f"dy {dy_dist}",)))
+    add(bwd(dtype="float16", shape=(17, 4000), dist="offset", tags=("offset",)))
+    # Layout: strided rows of x and dy.
+    add(bwd(dtype="bfloat16", shape=(33, 1000), row_pad=64, tags=("strided rows",)))
+    if full:
+        for dt in all_dtypes:
+            add(bwd(dtype=dt, shape=(4, 8, 4000), tags=("3-D",)))
+            add(bwd(dtype=dt, shape=(4097, 4000), dy_dist="outliers", tags=("dy outliers",)))
+    return cases
+
+
+def backward_catalogue(profile: str = "quick") -> list[Case]:
+    """The profile's backward cases, without duplicates, in a stable order."""
+    return catalogue(profile, _backward_catalogue)
+
+
+def catalogue(profile: str = "quick", source=None) -> list[Case]:
     """The profile's cases, without duplicates, in a stable order."""
     if profile not in ("quick", "full"):
         raise ValueError(f"unknown profile {profile!r}; expected quick or full")
     seen: dict[str, Case] = {}
-    for case in _catalogue(profile):
+    for case in (source or _catalogue)(profile):
         if case.id in seen:
             old = seen[case.id]
             seen[case.id] = Case(**{**old.__dict__, "tags": tuple(dict.fromkeys(old.tags + case.tags))})
@@ -260,7 +344,8 @@ def catalogue(profile: str = "quick") -> list[Case]:
 
 _ID = re.compile(
     r"(?P<op>[a-z_]+)-(?P<dtype>[a-z0-9]+)-(?P<shape>[0-9x]+)-(?P<dist>[a-z_]+)"
-    r"(?:-eps(?P<eps>[0-9.e+-]+?))?(?:-(?P<affine>noaffine|weightonly|biasonly))?(?:-stride(?P<stride>[0-9]+))?$"
+    r"(?:-eps(?P<eps>[0-9.e+-]+?))?(?:-(?P<affine>noaffine|weightonly|biasonly))?(?:-stride(?P<stride>[0-9]+))?"
+    r"(?:-dy(?P<dy>[a-z_]+))?$"
 )
 
 
@@ -278,7 +363,8 @@ def case_from_id(case_id: str) -> Case:
         eps=float(m["eps"]) if m["eps"] else None,
         affine={v: k for k, v in AFFINE_ID.items()}.get(m["affine"], "weight_bias"),
         row_pad=int(m["stride"]) - shape[-1] if m["stride"] else 0,
+        dy_dist=m["dy"],
     )
 
 
-__all__ = ["Case", "Inputs", "catalogue", "case_from_id", "make_inputs"]
+__all__ = ["Case", "Inputs", "catalogue", "backward_catalogue", "case_from_id", "make_inputs", "make_dy"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from impls.base import NormOutputs
+from impls.base import NormGrads, NormOutputs
 
 HEAD = 64  # canary elements before each output
 TAIL = 64  # and after it
@@ -65,6 +65,17 @@ def guarded_outputs(kernel, x: torch.Tensor) -> tuple[NormOutputs, list[Guarded]
             guards.append(_guard(name, tuple(x.shape[:-1]), torch.float32, x.device, 0))
     views = {g.name: g.view for g in guards}
     return NormOutputs(y=views["y"], mean=views.get("mean"), rstd=views.get("rstd")), guards
+
+
+def guarded_grads(x: torch.Tensor, weight, bias) -> tuple[NormGrads, list[Guarded]]:
+    """Poisoned, canaried gradient buffers for a backward on ``x``: dx (canary columns between its
+    rows, as y's), and dw and db (N) where the forward had weight and bias."""
+    guards = [_guard("dx", tuple(x.shape), x.dtype, x.device, GAP)]
+    for name, t in (("dw", weight), ("db", bias)):
+        if t is not None:
+            guards.append(_guard(name, tuple(t.shape), t.dtype, t.device, 0))
+    views = {g.name: g.view for g in guards}
+    return NormGrads(dx=views["dx"], dw=views.get("dw"), db=views.get("db")), guards
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch
 from harness import compare, isolation, scheduling
 from harness.run import (STATE, backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir,
                          split_names, write_partial)
-from harness.cases import DTYPES, Case, catalogue
+from harness.cases import DTYPES, Case, backward_catalogue, catalogue
 from harness.progress import Progress
 from harness.report import add_agreement_cell
 from harness.runner import CheckResult, OracleCache, device_for
@@ -80,6 +80,7 @@ class HarnessState:
     cases: list[Case]
     profile: str
     selection: dict
+    backward_cases: list[Case] = field(default_factory=list)  # harness/test_backward.py's
     records: dict[str, dict] = field(default_factory=dict)  # nodeid -> record
     oracle: OracleCache = field(default_factory=OracleCache)
     # Agreement: (op, dtype, kernel_a, kernel_b) -> [max difference in allowed errors, cases, worst case]
@@ -100,7 +101,7 @@ class HarnessState:
 
     @property
     def case_index(self) -> dict[str, Case]:
-        return {c.id: c for c in self.cases}
+        return {c.id: c for c in self.cases + self.backward_cases}
 
     @property
     def kernel_index(self) -> dict[tuple[str, str], NormKernel]:
@@ -313,7 +314,8 @@ def pytest_configure(config):
     dtypes = split_names(config.getoption("dtype"), tuple(DTYPES), "dtype")
     profile = config.getoption("profile") or ("full" if torch.cuda.is_available() else "quick")
     kernels = [k for k in registry.kernels(list(backends) if backends else None) if ops is None or k.op in ops]
-    cases = [c for c in catalogue(profile) if (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)]
+    wanted = lambda c: (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)  # noqa: E731
+    cases, backward_cases = [c for c in catalogue(profile) if wanted(c)], [c for c in backward_catalogue(profile) if wanted(c)]
     selection = {
         "backend": config.getoption("backend"),
         "backend_file": config.getoption("backend_file"),
@@ -322,7 +324,8 @@ def pytest_configure(config):
         "profile": profile,
         "fuzz_seed": config.getoption("fuzz_seed"),
     }
-    state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config)
+    state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config,
+                         backward_cases=backward_cases)
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normdiff-state")
     if not isolation.worker_id(config) and not is_benchmark_run(config):
@@ -338,7 +341,7 @@ def pytest_report_header(config):
     state = config.stash.get(STATE, None)
     if state is None:
         return None
-    lines = [f"normdiff: profile {state.profile}, {len(state.cases)} cases, backends:"]
+    lines = [f"normdiff: profile {state.profile}, {len(state.cases)} cases, {len(state.backward_cases)} backward, backends:"]
     for name, (note, why) in backend_status(state.kernels).items():
         lines.append(f"  {name}: {why and 'unavailable: ' + why or note}")
     for source, err in registry.load_errors().items():

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness import shapes
-from harness.cases import Case, make_inputs
+from harness.cases import Case, make_dy, make_inputs
 from impls.base import NormKernel, NormOutputs, rows_view
 
 # Batch sizes every kernel is checked at; each kernel's declared M thresholds add both sides.
@@ -63,6 +63,20 @@ def determinism(kernel: NormKernel, case: Case, device: str) -> list[BitDiff]:
     inp = make_inputs(case, device)
     first = kernel(inp.x, inp.weight, inp.bias, inp.eps, out=kernel.allocate(inp.x))
     second = kernel(inp.x, inp.weight, inp.bias, inp.eps)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return bit_diffs(first, second)
+
+
+def backward_determinism(kernel: NormKernel, case: Case, device: str) -> list[BitDiff]:
+    """One forward, then two backward calls on its saved statistics and the case's dy, each into
+    gradients the kernel allocates; what differs (dw and db reductions across programs are where
+    nondeterminism usually enters: atomics, a split that changes per call)."""
+    inp = make_inputs(case, device)
+    dy, _ = make_dy(case, device)
+    saved = kernel(inp.x, inp.weight, inp.bias, inp.eps)
+    first = kernel.backward(inp.x, inp.weight, inp.bias, dy, saved, inp.eps)
+    second = kernel.backward(inp.x, inp.weight, inp.bias, dy, saved, inp.eps)
     if device == "cuda":
         torch.cuda.synchronize()
     return bit_diffs(first, second)
@@ -146,4 +160,4 @@ def determinism_cases(cases: list[Case], profile: str) -> list[Case]:
             and c.rows * c.n <= shapes.DETERMINISM_MAX_ELEMENTS_QUICK]
 
 
-__all__ = ["BitDiff", "BatchResult", "bit_diffs", "determinism", "batch_invariance", "batch_cases", "determinism_cases"]
+__all__ = ["BitDiff", "BatchResult", "bit_diffs", "determinism", "backward_determinism", "batch_invariance", "batch_cases", "determinism_cases"]

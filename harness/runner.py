@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness import compare, guards
-from harness.cases import Case, make_inputs
-from impls.base import NormKernel, NormOutputs
-from impls.reference import reference
+from harness import compare, compare_backward, guards
+from harness.cases import Case, make_dy, make_inputs
+from impls.base import NormGrads, NormKernel, NormOutputs
+from impls.reference import reference, reference_backward
 
 
 @dataclass
@@ -25,6 +25,7 @@ class CheckResult:
     outputs: NormOutputs | None = None  # kept for the agreement matrix
     y_extra: torch.Tensor | None = None  # what the kernel's rounding contract adds to y's allowance
     stat_dtype: torch.dtype | None = None  # the precision of its mean and rstd (their allowance)
+    grads: NormGrads | None = None  # a backward check's gradients, kept for the agreement matrix
 
     @property
     def ok(self) -> bool:
@@ -102,3 +103,63 @@ def judge(kernel: NormKernel, op: str, x, weight, bias, out: NormOutputs, ref: N
     extra = compare.rounding_allowance(kernel.rounding, op, x, ref, weight, bias, x.dtype)
     errors = compare.compare_outputs(op, out, ref, x.dtype, kernel.stat_dtype(x.dtype, device), weight, extra)
     return errors, extra
+
+
+# -- the backward ---------------------------------------------------------------------------------
+class BackwardOracleCache:
+    """A backward case's inputs, dy and the oracle's gradients (with what their allowances need),
+    for the last case, shared by every kernel that runs it."""
+
+    def __init__(self):
+        self._key = self._value = None
+
+    def get(self, case: Case, device: str):
+        key = (case.id, device)
+        if key != self._key:
+            self._value = None
+            inputs = make_inputs(case, device)
+            dy, dy_storage = make_dy(case, device)
+            grads = reference_backward(case.op, inputs.x, dy, inputs.weight, inputs.bias, inputs.eps)
+            fwd = reference(case.op, inputs.x, None, None, inputs.eps)
+            ref = compare_backward.BackwardReference(case.op, inputs.x, dy, inputs.weight, inputs.bias, grads, fwd)
+            self._key, self._value = key, (inputs, dy, dy_storage, ref)
+        return self._value
+
+    def forget(self) -> None:
+        self._key = self._value = None
+
+
+def check_backward(kernel: NormKernel, case: Case, oracle: BackwardOracleCache | None = None,
+                   keep_outputs: bool = False, watch=None) -> CheckResult:
+    """The kernel's forward (for its own saved mean and rstd), then its backward into poisoned,
+    canaried dx, dw and db; guards, then each gradient against the oracle (harness.compare_backward).
+    A kernel without a backward is skipped with that reason."""
+    result = CheckResult(case=case, kernel=kernel.name)
+    device = device_for(kernel)
+    spec = case.spec(device)
+    reason = None if kernel.has_backward else f"{kernel.name} has no backward"
+    reason = reason or kernel.unsupported(spec)
+    if reason:
+        result.skipped = reason
+        return result
+    oracle = oracle or BackwardOracleCache()
+    inputs, dy, dy_storage, ref = oracle.get(case, device)
+    watched = (lambda: watch.call(kernel, case, spec)) if watch is not None else contextlib.nullcontext
+    with watched():
+        saved = kernel(inputs.x, inputs.weight, inputs.bias, inputs.eps)
+    grads, guarded = guards.guarded_grads(inputs.x, inputs.weight, inputs.bias)
+    # The backward may write only its gradients: x, dy, the parameters and the saved statistics are inputs.
+    given = {**inputs.tensors(), "dy": dy_storage, **{k: v for k, v in saved.fields().items() if k != "y"}}
+    before = guards.snapshot_inputs(given)
+    with watched():
+        kernel.backward(inputs.x, inputs.weight, inputs.bias, dy, saved, inputs.eps, out=grads)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    result.findings = guards.inspect(guarded) + guards.inputs_modified(before, given)
+    if any(f.kind == "input modified" for f in result.findings):
+        oracle.forget()
+    result.stat_dtype = kernel.stat_dtype(case.torch_dtype, device)
+    result.errors = compare_backward.compare_grads(grads, ref, case.torch_dtype, result.stat_dtype)
+    if keep_outputs:
+        result.grads = grads
+    return result

@@ -11,6 +11,13 @@ CHECK_LONG_N = (65537, 100000, 131072, 262144)  # beyond one block: for kernels 
 CHECK_LONG_N_QUICK = (65537, 100000)
 TAIL_M = (1, 3, 17, 1025)  # row counts that are not multiples of any rows-per-program
 TAIL_M_FULL = (4096, 16384)  # added in the full profile
+# The backward catalogue: M tails of the dw/db reductions over rows, one beyond 65536 rows (full),
+# and N odd or padded for the row sums of dx.
+BACKWARD_TAIL_M = (1, 3, 17, 1025)
+BACKWARD_TAIL_M_FULL = (4097,)
+BACKWARD_LARGE_M = 65537
+BACKWARD_N = (1, 7, 127, 1000, 4097)
+BACKWARD_N_FULL = (769, 4000, 4096, 8192, 12345)
 
 # Batch invariance (harness.properties): rows of an M x N case recomputed in smaller batches.
 BATCH_N = (1000, 1024, 4096, 8192, 65536)

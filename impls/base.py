@@ -150,7 +150,8 @@ class NormKernel:
     # fails the check), False (known not to be), None (unknown: measured and reported).
     batch_invariant: ClassVar[bool | None] = None
     # The same two claims for the backward, read the same way: batch invariance is dx's (a row's
-    # dx bits whatever shares the call; dw and db are sums over the batch), determinism all three.
+    # dx bits whatever shares the call; dw and db are sums over the batch), determinism all three
+    # (dw and db reduced across programs by atomics, say, are not deterministic).
     backward_nondeterministic: ClassVar[str | None] = None
     backward_batch_invariant: ClassVar[bool | None] = None
 

@@ -1,6 +1,8 @@
 """Eager PyTorch: torch.native_layer_norm and aten's fused RMSNorm, normalised to the interface."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -65,6 +67,19 @@ class TorchLayerNorm(_TorchEager):
         shape = (x.shape[-1],)
         return ("torch.nn.functional.layer_norm(x, (N,), weight, bias, eps)",
                 lambda: F.layer_norm(x, shape, weight, bias, eps))
+
+    def known_issue(self, case_id, device):
+        # aten's CPU native_layer_norm_backward sums db over rows in the input's 16-bit dtype
+        # (autograd gives the same bits): at 17 x 1000 bfloat16 it errs by 0.12 where rounding a
+        # float32 sum once errs by 0.004 (the backward check found it; CUDA sums in float32).
+        # The case id's words (harness.cases.Case.id): op-dtype-shape-dist[-...][-dy<dist>].
+        words = case_id.split("-")
+        if device != "cpu" or len(words) < 5 or not words[-1].startswith("dy") or words[1] not in ("bfloat16", "float16"):
+            return None
+        rows = math.prod(int(s) for s in words[2].split("x")[:-1])
+        if rows > 1 and "noaffine" not in words and "weightonly" not in words:
+            return "CPU aten.native_layer_norm_backward accumulates db in the input's 16-bit dtype"
+        return None
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
         y, mean, rstd = self._call(x, weight, bias, eps)

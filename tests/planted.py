@@ -247,3 +247,138 @@ class ReductionOrderByM(Correct):
 # The bugs above, by the check that alone must catch them.
 PROPERTY_PLANTED = {"test_deterministic": ReductionOrderPerCall, "test_batch_invariant": ReductionOrderByM}
 
+
+
+# -- backward bugs (harness/test_backward.py must catch each; CorrectBackward passes) ------------
+class CorrectBackward(Correct):
+    """Correct's forward and a float32 backward from the saved mean and rstd, with dw and db
+    reduced as a GPU does: partial sums per block of ROWS_PER_BLOCK rows, then a sum of those."""
+
+    variant = "correct_backward"
+
+    def normalised(self, x, saved):
+        mean = saved.mean[:, None] if saved.mean is not None else 0.0
+        return (x.float() - mean) * saved.rstd[:, None]
+
+    def row_means(self, g, xhat):
+        """(mean of g, mean of g * x^) per row: the row dot products of dx (mean g: LayerNorm's)."""
+        c1 = g.mean(-1, keepdim=True) if self.op == "layer_norm" else torch.zeros_like(g[:, :1])
+        return c1, (g * xhat).mean(-1, keepdim=True)
+
+    def reduce_rows(self, t):
+        m = t.shape[0]
+        blocks = -(-m // ROWS_PER_BLOCK)
+        padded = torch.nn.functional.pad(t, (0, 0, 0, blocks * ROWS_PER_BLOCK - m))
+        return padded.view(blocks, ROWS_PER_BLOCK, -1).sum(1).sum(0)
+
+    def reduce_dw(self, t):
+        return self.reduce_rows(t)
+
+    def reduce_db(self, t):
+        return self.reduce_rows(t)
+
+    def _backward(self, x, weight, bias, dy, saved, eps, out):
+        xhat, dyf = self.normalised(x, saved), dy.float()
+        g = dyf * weight.float() if weight is not None else dyf
+        c1, c2 = self.row_means(g, xhat)
+        out.dx.copy_(saved.rstd[:, None] * (g - c1 - xhat * c2))
+        if out.dw is not None:
+            out.dw.copy_(self.reduce_dw(dyf * xhat))
+        if out.db is not None:
+            out.db.copy_(self.reduce_db(dyf))
+
+
+class DwDropsLastPartialBlock(CorrectBackward):
+    """Launches M // ROWS_PER_BLOCK row blocks for dw's partial sums: the tail rows never count."""
+
+    variant = "dw_drops_last_partial_block"
+
+    def reduce_dw(self, t):
+        full = (t.shape[0] // ROWS_PER_BLOCK) * ROWS_PER_BLOCK
+        return self.reduce_rows(t[:full]) if full else torch.zeros_like(t[0])
+
+
+class DxMissingMeanTerm(CorrectBackward):
+    """LayerNorm's dx without its - mean(g) term (the RMSNorm formula applied to LayerNorm)."""
+
+    variant = "dx_missing_mean_term"
+
+    def row_means(self, g, xhat):
+        return torch.zeros_like(g[:, :1]), super().row_means(g, xhat)[1]
+
+
+class DwAccumulatedIn16Bits(CorrectBackward):
+    """dw's sum over rows with every partial sum rounded to bfloat16 (a pairwise tree)."""
+
+    variant = "dw_accumulated_in_16_bits"
+
+    def reduce_dw(self, t):
+        return bf16_sum(t.t().contiguous())
+
+
+class DxDividesByPaddedN(CorrectBackward):
+    """dx's row dot products summed over the block of PAD_TO lanes (zeros past N, as masked
+    loads give) but divided by the padded length instead of N."""
+
+    variant = "dx_divides_by_padded_n"
+
+    def row_means(self, g, xhat):
+        n = g.shape[1]
+        n_padded = -(-n // PAD_TO) * PAD_TO
+        c1, c2 = super().row_means(g, xhat)
+        return c1 * n / n_padded, c2 * n / n_padded
+
+
+class DxDotReadsPastRow(CorrectBackward):
+    """dx's row dot products over PAD_TO-lane blocks whose lanes past N are not masked: they hold
+    the next row's first elements (the last row's wrap to the first), which enter the sums."""
+
+    variant = "dx_dot_reads_past_row"
+
+    def row_means(self, g, xhat):
+        n = g.shape[1]
+        extra = -(-n // PAD_TO) * PAD_TO - n
+        if extra == 0:
+            return super().row_means(g, xhat)
+        spill = lambda t: torch.cat([t, t.roll(-1, 0)[:, :extra].expand(-1, extra) if extra <= n  # noqa: E731
+                                     else t.roll(-1, 0).repeat(1, -(-extra // n))[:, :extra]], 1)
+        gp, xp = spill(g), spill(xhat)
+        c1 = gp.sum(-1, keepdim=True) / n if self.op == "layer_norm" else torch.zeros_like(g[:, :1])
+        return c1, (gp * xp).sum(-1, keepdim=True) / n
+
+
+class DbScaledByOneOverM(CorrectBackward):
+    """db as the mean of dy over rows instead of its sum."""
+
+    variant = "db_scaled_by_one_over_m"
+
+    def reduce_db(self, t):
+        return self.reduce_rows(t) / t.shape[0]
+
+
+BACKWARD_PLANTED = {
+    cls.variant: cls
+    for cls in (DwDropsLastPartialBlock, DxMissingMeanTerm, DwAccumulatedIn16Bits, DxDividesByPaddedN,
+                DxDotReadsPastRow, DbScaledByOneOverM)
+}
+
+
+class DwOrderPerCall(CorrectBackward):
+    """dw's rows summed in an order that changes from call to call (partial sums combined by
+    atomics): within tolerance every time, but two calls differ in the last bits. Only the
+    backward determinism check sees it."""
+
+    variant = "dw_order_per_call"
+    calls = 0
+
+    def reduce_dw(self, t):
+        type(self).calls += 1
+        order = torch.randperm(t.shape[0], generator=torch.Generator().manual_seed(self.calls))
+        return _sequential_sum(t[order.to(t.device)])
+
+
+def _sequential_sum(t):
+    acc = torch.zeros_like(t[0])
+    for row in t:
+        acc = acc + row
+    return acc

@@ -145,3 +145,126 @@ def test_agreement_covers_the_statistics_in_allowed_errors():
     d, output = cmp.agreement("layer_norm", ref, torch.bfloat16, inp.weight, (out, None, torch.float32),
                               (off, None, torch.float32))
     assert output == "rstd" and 8 < d < 12
+
+
+# -- the backward's allowances (harness.compare_backward), both ways -----------------------------
+def _bwd_case(op, dtype, shape, dist="normal", dy_dist="normal"):
+    from harness.cases import Case
+    from harness.runner import BackwardOracleCache
+
+    case = Case(op, dtype, shape, dist=dist, dy_dist=dy_dist)
+    inputs, dy, _, ref = BackwardOracleCache().get(case, "cpu")
+    return inputs, dy, ref
+
+
+def _stats32(op, x):
+    """float32 two-pass statistics, as an honest kernel saves them."""
+    xf = x.float()
+    mean = xf.mean(-1) if op == "layer_norm" else torch.zeros(x.shape[0])
+    var = ((xf - mean[:, None]) ** 2).mean(-1)
+    return mean, torch.rsqrt(var + (1e-5 if op == "layer_norm" else 1e-6))
+
+
+def _sum_rows(t, order):
+    """A float32 sum over rows in a kernel's order: one running sum (atomics, a loop over rows),
+    partial sums per block of 64 rows then a running sum of those, or torch's own tree."""
+    if order == "sequential":
+        acc = torch.zeros_like(t[0])
+        for row in t:
+            acc = acc + row
+        return acc
+    if order == "blocks":
+        return _sum_rows(torch.stack([b.sum(0) for b in t.split(64)]), "sequential")
+    return t.sum(0)
+
+
+def _float32_backward(op, inputs, dy, order="blocks", stat_round=None, drop_rows=()):
+    """An honest float32 backward (stats rounded to ``stat_round`` where given, as a kernel whose
+    statistics have that precision saves them); ``drop_rows``: rows left out of dw and db (a defect)."""
+    from impls.base import NormGrads
+
+    x, w, b = inputs.x, inputs.weight, inputs.bias
+    mean, rstd = _stats32(op, x)
+    if stat_round is not None:
+        mean, rstd = mean.to(stat_round).float(), rstd.to(stat_round).float()
+    xhat = (x.float() - mean[:, None]) * rstd[:, None]
+    g = dy.float() * w.float() if w is not None else dy.float()
+    c1 = g.mean(-1, keepdim=True) if op == "layer_norm" else 0.0
+    dx = rstd[:, None] * (g - c1 - xhat * (g * xhat).mean(-1, keepdim=True))
+    keep = torch.ones(x.shape[0], dtype=torch.bool)
+    keep[list(drop_rows)] = False
+    dw = _sum_rows((dy.float() * xhat)[keep], order).to(x.dtype) if w is not None else None
+    db = _sum_rows(dy.float()[keep], order).to(x.dtype) if b is not None else None
+    return NormGrads(dx=dx.to(x.dtype), dw=dw, db=db)
+
+
+def _failing(grads, ref, dtype, stat_dtype=torch.float32):
+    from harness.compare_backward import compare_grads
+
+    return {e.output for e in compare_grads(grads, ref, DT[dtype], stat_dtype) if not e.ok}
+
+
+DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+HONEST = [("layer_norm", (17, 1000), "normal", "normal"), ("rms_norm", (17, 1000), "normal", "normal"),
+          ("layer_norm", (17, 4097), "large_mean", "normal"), ("rms_norm", (1025, 769), "normal", "outliers"), ("rms_norm", (17, 4000), "offset", "normal"),
+          ("layer_norm", (1025, 1000), "normal", "outliers"), ("layer_norm", (17, 1000), "normal", "zeros"),
+          ("rms_norm", (4097, 127), "normal", "normal"), ("layer_norm", (1, 7), "normal", "normal")]
+
+
+@pytest.mark.parametrize("op,shape,dist,dy_dist", HONEST, ids=["-".join(map(str, h)) for h in HONEST])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_honest_backward_results_pass(op, shape, dist, dy_dist, dtype):
+    """The oracle rounded once to the dtype; float32 kernels summing dw and db over rows in one
+    running sum, in blocks, or in a tree; and a kernel with 16-bit statistics that declares them."""
+    inputs, dy, ref = _bwd_case(op, dtype, shape, dist, dy_dist)
+    rounded = type(ref.grads)(**{k: v.to(DT[dtype]) for k, v in ref.grads.fields().items()})
+    assert not _failing(rounded, ref, dtype)
+    for order in ("sequential", "blocks", "tree"):
+        assert not _failing(_float32_backward(op, inputs, dy, order), ref, dtype), order
+    low = _float32_backward(op, inputs, dy, stat_round=torch.bfloat16)
+    assert not _failing(low, ref, dtype, stat_dtype=torch.bfloat16)
+
+
+def _catalogue_m_dtypes():
+    """Every (M, dtype) of the full backward catalogue (its 2-D cases)."""
+    from harness.cases import backward_catalogue
+
+    return sorted({(c.rows, c.dtype) for c in backward_catalogue("full") if len(c.shape) == 2 and c.n > 1})
+
+
+@pytest.mark.parametrize("m,dtype", _catalogue_m_dtypes())
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_a_dropped_tail_block_or_outlier_row_fails_at_every_catalogue_m(op, m, dtype):
+    """dw (and db) left without the last partial block of rows (blocks of 4, 64, 128: whichever
+    leave one at this M), or without the row whose dy is 100 times larger, fail; the same sum
+    of every row passes (N = 64 here: the claim is about M)."""
+    inputs, dy, ref = _bwd_case(op, dtype, (m, 64), dy_dist="outliers" if m > 1 else "normal")
+    assert not _failing(_float32_backward(op, inputs, dy, "sequential"), ref, dtype)
+    tails = {range(m - m % block, m) for block in (4, 64, 128) if m % block}
+    assert tails, f"M={m} is a multiple of every block"
+    defects = [_float32_backward(op, inputs, dy, "blocks", drop_rows=tail) for tail in tails]
+    if m > 1:
+        defects.append(_float32_backward(op, inputs, dy, "blocks", drop_rows=[m // 2]))  # the outlier row
+    for grads in defects:
+        assert _failing(grads, ref, dtype) == ({"dw", "db"} if op == "layer_norm" else {"dw"})
+
+
+@pytest.mark.parametrize("n", [1, 7, 127, 769, 1000, 4000, 4097, 12345])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dx_defects_fail(n, dtype):
+    """LayerNorm's dx without its mean term fails in every dtype at every N; row dot products
+    divided by a padded length (blocks of 128) fail in float32 wherever N is not a multiple."""
+    inputs, dy, ref = _bwd_case("layer_norm", dtype, (17, n))
+    honest = _float32_backward("layer_norm", inputs, dy)
+    assert not _failing(honest, ref, dtype)
+    mean, rstd = _stats32("layer_norm", inputs.x)
+    xhat = (inputs.x.float() - mean[:, None]) * rstd[:, None]
+    g = dy.float() * inputs.weight.float()
+    no_mean = type(honest)(dx=(rstd[:, None] * (g - xhat * (g * xhat).mean(-1, keepdim=True))).to(DT[dtype]),
+                           dw=honest.dw, db=honest.db)
+    assert _failing(no_mean, ref, dtype) == {"dx"}
+    padded = -(-n // 128) * 128
+    if dtype == "float32" and padded != n:
+        f = n / padded
+        wrong = (rstd[:, None] * (g - f * g.mean(-1, keepdim=True) - xhat * f * (g * xhat).mean(-1, keepdim=True)))
+        assert _failing(type(honest)(dx=wrong, dw=honest.dw, db=honest.db), ref, dtype) == {"dx"}

@@ -113,7 +113,7 @@ def _accepted_affine(op: str) -> set[tuple[bool, bool]]:
 def test_every_accepted_weight_and_bias_combination_is_exercised(op):
     from hypothesis import find
 
-    from harness.cases import catalogue
+    from harness.cases import backward_catalogue, catalogue
     from harness.test_fuzz import cases
 
     accepted = _accepted_affine(op)
@@ -124,13 +124,16 @@ def test_every_accepted_weight_and_bias_combination_is_exercised(op):
         assert accepted <= found, f"{profile} catalogue never gives {op} {sorted(accepted - found)}"
         dtypes = {c.dtype for c in catalogue(profile) if c.op == op and c.tags == ("affine",)}
         assert len(dtypes) >= 2  # several dtypes for each combination
+        found = {(c.has_weight, c.has_bias) for c in backward_catalogue(profile) if c.op == op}
+        assert accepted <= found, f"{profile} backward catalogue never gives {op} {sorted(accepted - found)}"
     from harness.cases import affine_of
     for c in catalogue("quick"):  # affine_of inverts the flags (harness.warm rebuilds cases with it)
         if c.op == "layer_norm":
             assert affine_of(c.has_weight, c.has_bias) == c.affine
-    for combo in accepted:  # the fuzzer can draw each
-        drawn = find(cases(op, 20_000), lambda c: (c.has_weight, c.has_bias) == combo)
-        assert (drawn.has_weight, drawn.has_bias) == combo
+    for combo in accepted:  # the fuzzer can draw each, forward and backward
+        for backward in (False, True):
+            drawn = find(cases(op, 20_000, backward), lambda c: (c.has_weight, c.has_bias) == combo)
+            assert (drawn.has_weight, drawn.has_bias) == combo and (drawn.dy_dist is not None) == backward
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])

@@ -16,11 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FILTER = ["--op", "rms_norm", "--dtype", "bfloat16", "--profile", "quick"]
 
 
-def run_harness(*args, env_extra=None, cwd=ROOT):
+def run_harness(*args, env_extra=None, cwd=ROOT, test=None):
     env = {**os.environ, **(env_extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "pytest", str(ROOT / "harness" / "test_differential.py"), "-q", "-p", "no:randomly", *args],
+        [sys.executable, "-m", "pytest", str(test or ROOT / "harness" / "test_differential.py"), "-q", "-p", "no:randomly",
+         *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
     )
 
@@ -197,7 +198,9 @@ def test_plugin_friction_fixes(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((tmp_path / "r" / "correctness.json").read_text())
     assert {r["kernel"] for r in doc["records"]} == {"my_a.v", "my_b.v"}  # the glob matched both
-    for r in doc["records"]:
+    backward = [r for r in doc["records"] if r["test"] == "test_fuzz_backward"]
+    assert backward and all(r["outcome"] == "skipped" and r["reason"].endswith("has no backward") for r in backward)
+    for r in (r for r in doc["records"] if r["test"] == "test_fuzz"):
         assert r["outcome"] == "failed" and r["drawn_case"].startswith("rms_norm-")
         assert int(r["drawn_case"].split("-")[2].split("x")[-1]) > 3000  # the drawn shape that fails
         assert r["errors"] and max(e["worst_ratio"] for e in r["errors"]) > 1

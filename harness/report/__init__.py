@@ -313,7 +313,8 @@ def render_markdown(doc: dict) -> str:
               "Largest difference between two kernels' outputs on the same case, over y and the statistics "
               "both write (mean, rstd), in units of the error each may make against the oracle (the "
               "tolerance above); cases compared in brackets; a worst case names the statistic where one "
-              "was furthest apart. `inf` means their NaN patterns differ.", ""]
+              "was furthest apart. `inf` means their NaN patterns differ. The *backward* tables compare dx, dw "
+              "and db the same way, each in its own allowed error (harness/compare_backward.py).", ""]
     by_table: dict[tuple, dict] = defaultdict(dict)
     unit = "allowed errors"
     for a in doc.get("agreement", ()):

@@ -7,13 +7,15 @@ from collections import defaultdict
 
 def render(records: list[dict], table) -> list[str]:
     lines = []
-    det = [r for r in records if r.get("test") == "test_deterministic" and "deterministic" in r]
+    det = [r for r in records if r.get("test") in ("test_deterministic", "test_backward_deterministic")
+           and "deterministic" in r]
     if det:
         by_kernel: dict[str, list] = defaultdict(list)
         for r in det:
-            by_kernel[r["kernel"]].append(r)
+            by_kernel[r["kernel"] + (" (backward)" if r["test"] == "test_backward_deterministic" else "")].append(r)
         lines += ["", "## Determinism", "",
-                  "Two calls on identical inputs into fresh outputs, compared bit for bit (y, mean, rstd).", ""]
+                  "Two calls on identical inputs into fresh outputs, compared bit for bit (y, mean, rstd; for "
+                  "a backward, two backward calls on one forward's statistics: dx, dw, db).", ""]
         rows = []
         for k, rs in sorted(by_kernel.items()):
             bad = [r for r in rs if not r["deterministic"]]

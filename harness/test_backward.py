@@ -1,0 +1,75 @@
+"""Every selected kernel's backward against the float64 oracle, on the backward catalogue
+(harness.cases.backward_catalogue): the kernel's own forward (for its saved mean and rstd), then
+its backward into poisoned, canaried dx, dw and db (harness.guards), each gradient judged with its
+derived allowance (harness.compare_backward); and the backward's determinism, bit for bit.
+
+A kernel without a backward is skipped with that reason (``<name> has no backward``).
+"""
+import pytest
+
+from harness import compare_backward, properties, runner
+from harness.plugin import record
+from harness.run import STATE
+
+_ORACLE = runner.BackwardOracleCache()  # one per process: a case's checks run one after another
+_LAST: dict = {"case": None, "grads": {}}  # the gradients of the kernels that ran the last case here
+
+
+def pytest_generate_tests(metafunc):
+    state = metafunc.config.stash.get(STATE, None)
+    if state is None:
+        return
+    for name, cases in (("backward_case", state.backward_cases),
+                        ("backward_determinism_case", properties.determinism_cases(state.backward_cases, state.profile))):
+        if name in metafunc.fixturenames:
+            pairs = [(c, k) for c in cases for k in state.kernels if k.op == c.op]
+            metafunc.parametrize(name, pairs, ids=[f"{c.id}-{k.name}" for c, k in pairs])
+
+
+def _agreement(result) -> list[tuple]:
+    """This check's gradients against those of every kernel that ran the same case before it in
+    this process, as agreement cells of the op's backward table (op "<op> backward")."""
+    case = result.case
+    if case.id != _LAST["case"]:
+        _LAST.update(case=case.id, grads={})
+    if result.grads is None:
+        return []
+    ref = _ORACLE.get(case, result.grads.dx.device.type)[3]
+    mine = (result.grads, result.stat_dtype)
+    cells = []
+    for other, theirs in _LAST["grads"].items():
+        d, output = compare_backward.agreement(ref, case.torch_dtype, mine, theirs)
+        a, b = sorted((result.kernel, other))
+        cells.append((f"{case.op} backward", case.dtype, a, b, float(d), f"{case.id} ({output})"))
+    _LAST["grads"][result.kernel] = mine
+    return cells
+
+
+def test_backward(backward_case, harness_state, request):
+    case, kernel = backward_case
+    issue = kernel.has_backward and kernel.known_issue(case.id, runner.device_for(kernel))
+    if issue:  # strict: the day it passes, the declaration must go
+        request.applymarker(pytest.mark.xfail(reason=f"known issue: {issue}", strict=True))
+    result = runner.check_backward(kernel, case, oracle=_ORACLE, keep_outputs=True, watch=harness_state.watch)
+    if result.skipped:
+        pytest.skip(result.skipped)
+    record(request.node, errors=[e.to_dict() for e in result.errors], findings=[f.__dict__ for f in result.findings])
+    request.node.user_properties.append(("normdiff_agreement", _agreement(result)))
+    assert result.ok, result.failure_message()
+
+
+def test_backward_deterministic(backward_determinism_case, request):
+    case, kernel = backward_determinism_case
+    device = runner.device_for(kernel)
+    reason = None if kernel.has_backward else f"{kernel.name} has no backward"
+    reason = reason or kernel.unsupported(case.spec(device))
+    if reason:
+        pytest.skip(reason)
+    diffs = properties.backward_determinism(kernel, case, device)
+    declared = kernel.backward_nondeterministic
+    record(request.node, deterministic=not diffs, bit_diffs=[d.__dict__ for d in diffs],
+           **({"failure_kind": "nondeterministic"} if diffs and not declared else {}))
+    if diffs and declared:
+        pytest.xfail(f"declared nondeterministic ({declared}): " + "; ".join(d.summary() for d in diffs))
+    assert not diffs, ("nondeterministic backward: two calls on identical inputs differ: "
+                       + "; ".join(d.summary() for d in diffs))
