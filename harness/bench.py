@@ -40,7 +40,7 @@ from harness import bench_backward, run, timing
 from harness.arena import Arena
 from harness.cases import DTYPES, Case, make_inputs
 from harness.runner import device_for, judge
-from harness.shapes import (BACKWARD_N, BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, QUICK_BACKWARD,
+from harness.shapes import (BACKWARD_BENCH_N, BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, QUICK_BACKWARD,
                             QUICK_BANDWIDTH, QUICK_DECODE, bandwidth_rows)
 from impls.base import DEFAULT_EPS, OPS, NormKernel, NormOutputs, NormSpec, UnsupportedCase
 from impls.reference import reference
@@ -92,7 +92,7 @@ def sweep(profile: str, ops, dtypes, repeat: int = 1) -> list[BenchShape]:
     if profile == "full":
         bandwidth = [(bandwidth_rows(n), n) for n in BANDWIDTH_N + BENCH_LONG_N]
         decode = [(m, n) for n in DECODE_N for m in DECODE_M]
-        backward = [(bandwidth_rows(n), n) for n in BACKWARD_N]
+        backward = [(bandwidth_rows(n), n) for n in BACKWARD_BENCH_N]
     else:
         bandwidth, decode, backward = list(QUICK_BANDWIDTH), list(QUICK_DECODE), list(QUICK_BACKWARD)
     for r in range(repeat):

@@ -39,7 +39,7 @@ DECODE_N = (4096, 8192)
 QUICK_BANDWIDTH = ((512, 1024), (128, 4000))  # (M, N) on the CPU and in CI: seconds, not minutes
 QUICK_DECODE = ((8, 4096),)
 # Backward regime: the row lengths of the backward targets, M as in the bandwidth regime.
-BACKWARD_N = (1024, 2048, 4096, 8192)
+BACKWARD_BENCH_N = (1024, 2048, 4096, 8192)
 QUICK_BACKWARD = ((256, 1024),)
 
 
