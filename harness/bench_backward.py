@@ -58,14 +58,12 @@ def run_backward(item, benchmark, ctx) -> None:
     from harness.bench import sample_rows, user_cost  # noqa: F401 (bench imports this module)
 
     k, s = item.kernel, item.shape
-    if not k.has_backward:
-        pytest.skip(f"{k.name} has no backward")
     device = device_for(k)
     dtype = DTYPES[s.dtype]
     layer = s.op == "layer_norm"
     spec = NormSpec(op=s.op, dtype=dtype, rows=s.m, n=s.n, row_stride=s.n, device=device,
                     has_weight=True, has_bias=layer)
-    reason = k.unsupported(spec) or k.bench_unavailable()
+    reason = k.backward_unsupported(spec) or k.bench_unavailable()
     if reason:
         pytest.skip(reason)
     ceiling_gbps, _ = ctx.ceiling(device)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import compare, isolation, scheduling
+from harness import compare, isolation, properties, scheduling
 from harness.run import (STATE, backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir,
                          split_names, write_partial)
 from harness.cases import DTYPES, Case, backward_catalogue, catalogue
@@ -101,7 +101,10 @@ class HarnessState:
 
     @property
     def case_index(self) -> dict[str, Case]:
-        return {c.id: c for c in self.cases + self.backward_cases}
+        """Every case a check of this run draws inputs from, by id: the scheduler weighs checks by
+        their case's size and keeps the largest in few lanes per GPU (their GPU memory). The
+        batch-invariance cases are among the largest (4096 x 65536 on the full profile)."""
+        return {c.id: c for c in self.cases + self.backward_cases + properties.batch_cases(self.profile)}
 
     @property
     def kernel_index(self) -> dict[tuple[str, str], NormKernel]:

@@ -137,8 +137,7 @@ def check_backward(kernel: NormKernel, case: Case, oracle: BackwardOracleCache |
     result = CheckResult(case=case, kernel=kernel.name)
     device = device_for(kernel)
     spec = case.spec(device)
-    reason = None if kernel.has_backward else f"{kernel.name} has no backward"
-    reason = reason or kernel.unsupported(spec)
+    reason = kernel.backward_unsupported(spec)
     if reason:
         result.skipped = reason
         return result

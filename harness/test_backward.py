@@ -61,8 +61,7 @@ def test_backward(backward_case, harness_state, request):
 def test_backward_deterministic(backward_determinism_case, request):
     case, kernel = backward_determinism_case
     device = runner.device_for(kernel)
-    reason = None if kernel.has_backward else f"{kernel.name} has no backward"
-    reason = reason or kernel.unsupported(case.spec(device))
+    reason = kernel.backward_unsupported(case.spec(device))
     if reason:
         pytest.skip(reason)
     diffs = properties.backward_determinism(kernel, case, device)

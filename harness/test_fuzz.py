@@ -52,8 +52,10 @@ def _fuzz(kernel, harness_state, request, backward: bool):
     failing = {}  # the last failing draw: hypothesis replays its shrunk example last
     device = runner.device_for(kernel)
 
+    examples = 12 if quick else (10 if backward else 20)  # a backward draw compiles twice (both passes)
+
     @seed(harness_state.selection["fuzz_seed"])  # the same draws every run, so CI repeats itself
-    @settings(max_examples=12 if quick else 20, deadline=None, database=None,
+    @settings(max_examples=examples, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
     @given(case=cases(kernel.op, 20_000 if quick else 4_000_000, backward))
     def check(case):

@@ -264,6 +264,13 @@ class NormKernel:
     def has_backward(self) -> bool:
         return type(self)._backward is not NormKernel._backward
 
+    def backward_unsupported(self, spec: NormSpec) -> str | None:
+        """None when this kernel's backward can run ``spec``, else why not: no backward, the
+        forward's limits, then the backward's own (a kernel with a narrower backward adds them)."""
+        if not self.has_backward:
+            return f"{self.name} has no backward"
+        return self.unsupported(spec)
+
     def backward(self, x: torch.Tensor, weight, bias, dy: torch.Tensor, saved: NormOutputs,
                  eps: float | None = None, out: NormGrads | None = None) -> NormGrads:
         """dx, dw and db for the forward call on x, weight and bias that gave ``saved`` (this
@@ -283,7 +290,7 @@ class NormKernel:
                             dw=None if weight is None else torch.empty_like(weight),
                             db=None if bias is None else torch.empty_like(bias))
         x2, dy2 = rows_view(x, "x", allow_copy=True), rows_view(dy, "dy", allow_copy=True)
-        reason = self.unsupported(spec_of(self.op, x2, x.device.type, weight, bias))
+        reason = self.backward_unsupported(spec_of(self.op, x2, x.device.type, weight, bias))
         if reason:  # as the forward: a kernel that cannot run here says why, before any backend code
             raise UnsupportedCase(reason)
         if x2.shape[0]:

@@ -196,3 +196,17 @@ def test_tilelang_backward_is_declared_once_per_op_and_refused_without_a_gpu():
         kernel = registry.get(op, "tilelang", variant)
         for has_w, has_b in AFFINE[op]:
             _check(op, kernel, 17, 1000, torch.bfloat16, has_w, has_b, stride=1008)
+
+
+def test_tilelang_backward_capacity_is_a_skip_reason_not_a_failure():
+    """A row longer than TileLang's backward holds is refused before any call (the check skips it
+    with this reason; on the H200 it had failed inside the call)."""
+    import torch
+
+    from impls.base import NormSpec
+
+    for op, variant in (("rms_norm", "fragment"), ("layer_norm", "layer_norm_fwd")):
+        k = registry.get(op, "tilelang", variant)
+        spec = NormSpec(op=op, dtype=torch.float32, rows=64, n=12345, row_stride=12345, device="cuda",
+                        has_weight=True, has_bias=op == "layer_norm")
+        assert "backward capacity (max 8192)" in k.backward_unsupported(spec)

@@ -104,3 +104,15 @@ def test_the_harness_fails_each_bug_in_its_own_check_and_reports_both_properties
     declared = [r for r in doc["records"] if r["kernel"] == "propbug.declared_atomics" and r["test"] == "test_deterministic"]
     assert {r["outcome"] for r in declared} <= {"known issue", "passed"} and any(r["outcome"] == "known issue" for r in declared)
     assert "| propbug.declared_atomics |" in md and "declared nondeterministic" in md
+
+
+def test_batch_invariance_cases_are_weighed_by_the_scheduler():
+    """The batch-invariance cases (up to 4096 x 65536) are in the scheduler's case index, so their
+    checks run in the heavy lanes; outside it they spread over every worker and, on the H200 at
+    27152d6, ran the GPU out of memory."""
+    from harness import properties, scheduling
+    from harness.plugin import HarnessState
+
+    state = HarnessState(kernels=[], cases=[], profile="full", selection={})
+    big = max(properties.batch_cases("full"), key=scheduling.numel)
+    assert big.id in state.case_index and scheduling.numel(big) >= scheduling.HEAVY_ELEMENTS

@@ -71,6 +71,11 @@ class TileLangBackward:
                 "executed": cuda_present() and compiler.default_target() == compiler.SM90,
                 **compiler.ptxas_report(compiled).to_dict()}
 
+    def backward_unsupported(self, spec) -> str | None:
+        if spec.n > BWD_MAX_N:  # true on any machine, so said first (as the forward's capacity)
+            return f"N={spec.n} exceeds tilelang's backward capacity (max {BWD_MAX_N})"
+        return super().backward_unsupported(spec)
+
     def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
         m, n = x.shape
         if n > BWD_MAX_N:
