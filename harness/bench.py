@@ -364,7 +364,7 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     if isinstance(timer, timing.EventTimer):
         info.update(host_enqueue_us=timer.host_enqueue_us(), gpu_lead_us=timer.lead_us)
     if device == "cuda" and s.repeat == 0:
-        info.update(user_cost(k, x, w, b, eps, ctx.gpu, median * 1e6))
+        info.update(user_cost(k, x, w, b, eps, ctx.gpu(), median * 1e6))
     key = (s.group, s.repeat)
     if k.name == ctx.config.getoption("bench_baseline"):
         ctx.baseline_s[key] = median

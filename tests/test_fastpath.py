@@ -133,3 +133,43 @@ def test_public_entry_points_plan_per_batch_invariance_flag():
         want = triton_api.layer_norm(x, w, b, out=None, batch_invariant=flag)
         assert _equal(triton_api.layer_norm(x, w, b, batch_invariant=flag), want)
     assert registry.get("layer_norm", "triton", "invariant").__dict__.get("_plans")
+
+
+def _tensors_held(fn, depth=0):
+    """Tensors a plan's closure keeps alive (through lists, tuples and nested closures)."""
+    found = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for v in items:
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+            elif callable(v) and depth < 2 and getattr(v, "__closure__", None):
+                found += _tensors_held(v, depth + 1)
+    return found
+
+
+@pytest.mark.parametrize("target", KERNELS, ids=lambda k: f"{k.op}-{k.name}")
+def test_a_plan_keeps_no_call_tensors_alive(target):
+    """A plan holds no tensor of the call that made it (its inputs, or the outputs its launch was
+    recorded with): on the H200 at 27152d6 the recorded outputs stayed in Triton's plans, one set
+    per signature, and the GPU ran out of memory."""
+    kernel = target
+    kernel.__dict__.pop("_plans", None)
+    x, w, b = _inputs(kernel.op, (64, 256))
+    kernel(x, w, b, 1e-5)
+    (plan,) = kernel._plans.values()
+    assert not [t for t in _tensors_held(plan) if t.numel() > 1]
+
+
+@pytest.mark.parametrize("variant", ["looped", "rowwise"])
+def test_triton_replayed_launch_keeps_no_recorded_tensor(variant):
+    kernel = registry.get("layer_norm", "triton", variant)
+    if kernel.unavailable():
+        pytest.skip(kernel.unavailable())
+    x, w, b = _inputs("layer_norm", (64, 256))
+    plan = lean_plan(kernel, x, rows_view(x, "x", allow_copy=True), w, b, None)
+    assert not [t for t in _tensors_held(plan) if t.numel() > 1]

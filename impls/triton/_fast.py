@@ -55,8 +55,9 @@ def lean_plan(kernel, x: torch.Tensor, x2: torch.Tensor, weight, bias, cfg):
             if id(arg) not in sources:
                 return None
             subs.append((pos, sources[id(arg)]))
-    # The launcher takes every parameter in order, constexprs included.
-    bound = list(launch.args)
+    # The launcher takes every parameter in order, constexprs included. The recorded tensors are
+    # not kept: every call fills its own in, and a plan must not hold the recording's memory.
+    bound = [None if isinstance(arg, torch.Tensor) else arg for arg in launch.args]
     params = list(inspect.signature(fn.fn).parameters.values())  # the kernel's Python function
     for param in params[len(bound):]:
         if param.name in launch.kwargs:
