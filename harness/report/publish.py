@@ -21,11 +21,14 @@ from harness.report import benchmark
 # What a correctness record keeps; a record that did not pass keeps its errors whole, a passed
 # one only what "Closest calls" and --compare read.
 RECORD_KEYS = ("nodeid", "test", "kernel", "backend", "op", "dtype", "case", "outcome", "reason", "failure_kind",
-               "crash", "findings", "drawn_case", "message", "errors", "selection")
+               "crash", "findings", "drawn_case", "message", "errors", "selection",
+               # the determinism and batch-invariance sections (harness/report/properties.py)
+               "deterministic", "bit_diffs", "batch_invariant", "batch_sizes", "batch_changes", "batch_claim")
 PASSED_ERROR_KEYS = ("output", "worst_ratio", "max_ulp")
 # What a benchmark keeps: harness.report.benchmark.results reads these.
 BENCH_EXTRA_KEYS = ("op", "dtype", "m", "n", "regime", "repeat", "kernel", "bytes", "ceiling_gbps", "timing",
-                    "timer", "device", "project", "prepare_s")
+                    "timer", "device", "project", "prepare_s", "entry_point", "host_call_us", "wall_call_us",
+                    "user_call", "user_call_error", "direction")
 BENCH_STATS_KEYS = ("median", "rounds")
 BENCH_TOP_KEYS = ("datetime", "version", "normdiff")
 NOTE = "slimmed by harness/report/publish.py: fields the reports do not read were dropped"
