@@ -299,18 +299,26 @@ class BenchContext:
 
 
 # -- one benchmark --------------------------------------------------------------------------
+def runnable_spec(k: NormKernel, s: BenchShape) -> tuple[NormSpec, str]:
+    """The benchmark's problem (weight, and bias for LayerNorm) and its device; skips with the
+    reason where the kernel cannot run it (its backward, in the backward regime) or a time would
+    not mean anything here."""
+    device = device_for(k)
+    spec = NormSpec(op=s.op, dtype=DTYPES[s.dtype], rows=s.m, n=s.n, row_stride=s.n, device=device,
+                    has_weight=True, has_bias=s.op == "layer_norm")
+    reason = (k.backward_unsupported(spec) if s.regime == "backward" else k.unsupported(spec)) or k.bench_unavailable()
+    if reason:
+        pytest.skip(reason)
+    return spec, device
+
+
 def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     if item.shape.regime == "backward":
         return bench_backward.run_backward(item, benchmark, ctx)
     k, s = item.kernel, item.shape
-    device = device_for(k)
+    spec, device = runnable_spec(k, s)
     dtype = DTYPES[s.dtype]
     layer = s.op == "layer_norm"
-    spec = NormSpec(op=s.op, dtype=dtype, rows=s.m, n=s.n, row_stride=s.n, device=device,
-                    has_weight=True, has_bias=layer)
-    reason = k.unsupported(spec) or k.bench_unavailable()
-    if reason:
-        pytest.skip(reason)
     if device == "cuda":
         arena = ctx.arena(device)
         # x and y (outside an arena that holds them), a y the kernel may allocate itself, the

@@ -19,8 +19,7 @@ import torch
 
 from harness import run, timing
 from harness.cases import DTYPES
-from harness.runner import device_for
-from impls.base import DEFAULT_EPS, NormGrads, NormKernel, NormSpec, UnsupportedCase
+from impls.base import DEFAULT_EPS, NormGrads, NormKernel, UnsupportedCase
 from impls.reference import reference_backward
 
 # Relative L2 error a backward's outputs may have against the float64 oracle before the benchmark
@@ -55,17 +54,12 @@ def screen(k: NormKernel, x, w, b, dy, grads: NormGrads, eps: float, sample) -> 
 
 
 def run_backward(item, benchmark, ctx) -> None:
-    from harness.bench import sample_rows, user_cost  # noqa: F401 (bench imports this module)
+    from harness.bench import runnable_spec, sample_rows  # bench imports this module
 
     k, s = item.kernel, item.shape
-    device = device_for(k)
+    spec, device = runnable_spec(k, s)
     dtype = DTYPES[s.dtype]
     layer = s.op == "layer_norm"
-    spec = NormSpec(op=s.op, dtype=dtype, rows=s.m, n=s.n, row_stride=s.n, device=device,
-                    has_weight=True, has_bias=layer)
-    reason = k.backward_unsupported(spec) or k.bench_unavailable()
-    if reason:
-        pytest.skip(reason)
     ceiling_gbps, _ = ctx.ceiling(device)
     x, w, b = ctx.inputs(s, device)
     b = b if layer else None

@@ -78,7 +78,6 @@ def generic_plan(x: torch.Tensor, x2: torch.Tensor, outputs: tuple[str, ...], fo
     viewed as the validated call viewed them."""
     from impls.base import NormOutputs  # base imports this module
 
-    shape, dtype, device = x.shape, x.dtype, x.device
     m, n = x2.shape
     row_stride = x2.stride(0)
     contiguous = x.is_contiguous()

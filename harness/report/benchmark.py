@@ -217,16 +217,19 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
     lines += ["## Bandwidth regime", ""]
     if not tables("bandwidth"):
         lines.append("No bandwidth-regime results.")
-    for op, dt in tables("bandwidth"):
-        t = by_table[("bandwidth", op, dt)]
-        lines += [f"### {OP_TITLE.get(op, op)}, {dt}", ""]
-        if (op, dt) in plots:
-            lines += [f"![{op} {dt}: GB/s against N]({plots[(op, dt)]})", ""]
-        lines += _matrix(t, baseline, lambda r: f"{r['pct']:.1f}%" if r["pct"] is not None else f"{r['gbps']:.0f} GB/s",
-                         "% of copy", rank=not smoke)
-        lines += ["", "<details><summary>median time, GB/s, % of copy, speedup</summary>", ""]
-        lines += _long(t, baseline, rank=not smoke)
-        lines += ["", "</details>", ""]
+    def bandwidth_tables(regime: str, title: str) -> None:
+        for op, dt in tables(regime):
+            t = by_table[(regime, op, dt)]
+            lines.extend([f"### {OP_TITLE.get(op, op)}{title}, {dt}", ""])
+            if regime == "bandwidth" and (op, dt) in plots:
+                lines.extend([f"![{op} {dt}: GB/s against N]({plots[(op, dt)]})", ""])
+            lines.extend(_matrix(t, baseline, lambda r: f"{r['pct']:.1f}%" if r["pct"] is not None
+                                 else f"{r['gbps']:.0f} GB/s", "% of copy", rank=not smoke))
+            lines.extend(["", "<details><summary>median time, GB/s, % of copy, speedup</summary>", ""])
+            lines.extend(_long(t, baseline, rank=not smoke))
+            lines.extend(["", "</details>", ""])
+
+    bandwidth_tables("bandwidth", "")
 
     lines += ["## Decode regime", "", "Median time per call in µs (fewer is better).", ""]
     if not tables("decode"):
@@ -244,14 +247,7 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
         lines += ["## Backward regime", "",
                   "dx, dw and db of one backward pass, timed as the bandwidth regime; bytes: x and dy read, dx "
                   "written, the weight read, dw and db written once, the saved statistics read.", ""]
-    for op, dt in tables("backward"):
-        t = by_table[("backward", op, dt)]
-        lines += [f"### {OP_TITLE.get(op, op)} backward, {dt}", ""]
-        lines += _matrix(t, baseline, lambda r: f"{r['pct']:.1f}%" if r["pct"] is not None else f"{r['gbps']:.0f} GB/s",
-                         "% of copy", rank=not smoke)
-        lines += ["", "<details><summary>median time, GB/s, % of copy, speedup</summary>", ""]
-        lines += _long(t, baseline, rank=not smoke)
-        lines += ["", "</details>", ""]
+    bandwidth_tables("backward", " backward")
 
     lines += ["## Repeatability", ""]
     rep = repeatability(rows)
