@@ -283,7 +283,7 @@ def _catalogue(profile: str) -> list[Case]:
 def _backward_catalogue(profile: str) -> list[Case]:
     """Backward cases (dy_dist set): M tails for the dw/db reductions over rows, padded and odd N
     for the row sums of dx, every accepted weight/bias combination, large-mean rows, dy with
-    outliers and exact zeros, strided rows. ``quick`` (CPU, CI): 17 RMSNorm, 18 LayerNorm cases; ``full``: 115 and 118."""
+    outliers and exact zeros, strided rows. ``quick`` (CPU, CI): 17 RMSNorm, 18 LayerNorm cases; ``full``: 127 and 130."""
     full = profile == "full"
     all_dtypes = tuple(DTYPES)
     cases: list[Case] = []
@@ -310,7 +310,7 @@ def _backward_catalogue(profile: str) -> list[Case]:
     # Distributions of x and of dy.
     for dt in ("float32", "bfloat16") if not full else all_dtypes:
         add(bwd(dtype=dt, shape=(17, 4097), dist="large_mean", tags=("large_mean",)))
-    for dy_dist, m in (("outliers", 1025), ("zeros", 17)):
+    for dy_dist, m in (("outliers", 1025 if full else 65), ("zeros", 17)):
         for dt in ("float32",) if not full else all_dtypes:
             add(bwd(dtype=dt, shape=(m, 1000), dy_dist=dy_dist, tags=(f"dy {dy_dist}",)))
     add(bwd(dtype="float16", shape=(17, 4000), dist="offset", tags=("offset",)))
