@@ -314,7 +314,7 @@ def test_a_cpu_run_is_a_smoke_run_with_no_ranking():
     assert "★" in render_markdown(doc)  # a GPU run is ranked
 
 
-def _row(kernel, regime, op, m, n, median_us, host=None, wall=None, project=False, entry=False, pct=None):
+def _host_row(kernel, regime, op, m, n, median_us, host=None, wall=None, project=False, entry=False, pct=None):
     return {"kernel": kernel, "regime": regime, "op": op, "dtype": "bfloat16", "m": m, "n": n, "repeat": 0,
             "median_s": median_us / 1e6, "host_us": host, "wall_us": wall, "project": project,
             "entry_point": entry, "call": f"{kernel}(x)", "pct": pct}
@@ -328,16 +328,16 @@ def test_host_targets_judge_the_entry_points_against_the_named_peers():
 
     rows = [
         # decode: the entry point beats Liger's host time but not eager's; its wall is 12% over Liger's
-        _row("triton.auto", "decode", "rms_norm", 1, 4096, 1.5, host=19.0, wall=22.4, project=True, entry=True),
-        _row("triton.looped", "decode", "rms_norm", 1, 4096, 1.4, host=99.0, wall=99.0, project=True),
-        _row("liger.fused", "decode", "rms_norm", 1, 4096, 1.6, host=44.0, wall=20.0),
-        _row("torch.eager", "decode", "rms_norm", 1, 4096, 3.0, host=10.5, wall=12.0),
+        _host_row("triton.auto", "decode", "rms_norm", 1, 4096, 1.5, host=19.0, wall=22.4, project=True, entry=True),
+        _host_row("triton.looped", "decode", "rms_norm", 1, 4096, 1.4, host=99.0, wall=99.0, project=True),
+        _host_row("liger.fused", "decode", "rms_norm", 1, 4096, 1.6, host=44.0, wall=20.0),
+        _host_row("torch.eager", "decode", "rms_norm", 1, 4096, 3.0, host=10.5, wall=12.0),
         # bandwidth N = 1024: host met; wall 1.10 x device: met
-        _row("triton.auto", "bandwidth", "rms_norm", 65536, 1024, 64.0, host=9.0, wall=70.4, project=True, entry=True),
-        _row("liger.fused", "bandwidth", "rms_norm", 65536, 1024, 80.0, host=70.0, wall=90.0),
-        _row("torch.eager", "bandwidth", "rms_norm", 65536, 1024, 100.0, host=13.0, wall=101.0),
+        _host_row("triton.auto", "bandwidth", "rms_norm", 65536, 1024, 64.0, host=9.0, wall=70.4, project=True, entry=True),
+        _host_row("liger.fused", "bandwidth", "rms_norm", 65536, 1024, 80.0, host=70.0, wall=90.0),
+        _host_row("torch.eager", "bandwidth", "rms_norm", 65536, 1024, 100.0, host=13.0, wall=101.0),
         # bandwidth N = 4096: no host target; wall 1.30 x device: missed
-        _row("triton.auto", "bandwidth", "rms_norm", 16384, 4096, 64.0, host=40.0, wall=83.2, project=True, entry=True),
+        _host_row("triton.auto", "bandwidth", "rms_norm", 16384, 4096, 64.0, host=40.0, wall=83.2, project=True, entry=True),
     ]
     by = {(c["target"], c["where"]): c for c in host.check(rows)}
     decode_host = by[("host", "rms_norm bfloat16 1 x 4096")]["gaps"]
@@ -355,7 +355,7 @@ def test_host_targets_judge_the_entry_points_against_the_named_peers():
 def test_backward_targets_need_85_percent_and_the_lead_over_liger_and_torch_compile():
     from harness.report import targets
 
-    rows = [_row(k, "backward", "rms_norm", 65536, 1024, 100.0, project=p, pct=pct) for k, p, pct in
+    rows = [_host_row(k, "backward", "rms_norm", 65536, 1024, 100.0, project=p, pct=pct) for k, p, pct in
             (("tilelang.fragment", True, 88.0), ("triton.auto", True, 40.0), ("liger.fused", False, 30.0),
              ("torch_compile.inductor", False, 89.0))]
     (entry,) = targets.backward(rows)
