@@ -102,17 +102,19 @@ class TileLangKernel(TileLangBackward, NormKernel):
         return tuple(builds) + self.backward_builds()
 
     def build_offline(self, build) -> dict:
-        if build[0] == "backward":
-            return self.build_backward_offline(build)
-        dtype, n, affine, m = build
         tl, why = compiler.tilelang_module()
         if tl is None:
             raise UnsupportedCase(why)
         if compiler.nvcc_path() is None:
             raise UnsupportedCase("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
-        dt = getattr(torch, dtype)
-        plan = make_plan(self.variant, dt, n, affine in ("weight", "weight_bias"), affine in ("weight_bias", "bias"),
-                         choose_vec(dt, n), m=m)
+        if build[0] == "backward":
+            plan = self.backward_build_plan(build)
+            _, dtype, n, affine = build
+        else:
+            dtype, n, affine, m = build
+            dt = getattr(torch, dtype)
+            plan = make_plan(self.variant, dt, n, affine in ("weight", "weight_bias"), affine in ("weight_bias", "bias"),
+                             choose_vec(dt, n), m=m)
         t0 = time.perf_counter()
         compiled = compiler.compile_plan(plan, compiler.SM90)
         seconds = time.perf_counter() - t0

@@ -10,11 +10,9 @@ share one backward kernel. Plain Python until a kernel is compiled.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
-from impls.base import NormGrads, NormOutputs, UnsupportedCase, cuda_present
+from impls.base import NormGrads, NormOutputs, UnsupportedCase
 from impls.gpu_limits import cdiv, next_pow2
 from impls.tilelang import compiler
 from impls.tilelang.plan import MAX_THREADS, Plan, choose_vec
@@ -55,21 +53,11 @@ class TileLangBackward:
         extra = self.BACKWARD_BUILDS_LN if self.op == "layer_norm" else ()
         return tuple(("backward", *b) for b in self.BACKWARD_BUILDS + extra)
 
-    def build_backward_offline(self, build) -> dict:
+    def backward_build_plan(self, build) -> Plan:
+        """The plan of one of ``backward_builds`` (compiled by TileLangKernel.build_offline)."""
         _, dtype, n, affine = build
-        tl, why = compiler.tilelang_module()
-        if tl is None:
-            raise UnsupportedCase(why)
-        if compiler.nvcc_path() is None:
-            raise UnsupportedCase("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
         dt = getattr(torch, dtype)
-        plan = backward_plan(self.op, dt, n, affine == "full", choose_vec(dt, n))
-        t0 = time.perf_counter()
-        compiled = compiler.compile_plan(plan, compiler.SM90)
-        return {"dtype": dtype, "n": n, "affine": affine, "vec": plan.vec, "threads": plan.threads,
-                "seconds": round(time.perf_counter() - t0, 2),
-                "executed": cuda_present() and compiler.default_target() == compiler.SM90,
-                **compiler.ptxas_report(compiled).to_dict()}
+        return backward_plan(self.op, dt, n, affine == "full", choose_vec(dt, n))
 
     def backward_unsupported(self, spec) -> str | None:
         if spec.n > BWD_MAX_N:  # true on any machine, so said first (as the forward's capacity)
