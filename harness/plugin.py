@@ -5,6 +5,7 @@ branches on backend names: it asks the registry for kernels and each kernel for 
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -81,6 +82,7 @@ class HarnessState:
     profile: str
     selection: dict
     backward_cases: list[Case] = field(default_factory=list)  # harness/test_backward.py's
+    batch_cases: list[Case] = field(default_factory=list)  # harness/test_properties.py's
     records: dict[str, dict] = field(default_factory=dict)  # nodeid -> record
     oracle: OracleCache = field(default_factory=OracleCache)
     # Agreement: (op, dtype, kernel_a, kernel_b) -> [max difference in allowed errors, cases, worst case]
@@ -99,12 +101,13 @@ class HarnessState:
     started: float = field(default_factory=time.time)
     _last_write: float = field(default_factory=time.time)
 
-    @property
+    @functools.cached_property
     def case_index(self) -> dict[str, Case]:
-        """Every case a check of this run draws inputs from, by id: the scheduler weighs checks by
-        their case's size and keeps the largest in few lanes per GPU (their GPU memory). The
-        batch-invariance cases are among the largest (4096 x 65536 on the full profile)."""
-        return {c.id: c for c in self.cases + self.backward_cases + properties.batch_cases(self.profile)}
+        """Every case a check of this run draws inputs from, by id (built once: the scheduler reads
+        it per check): it weighs checks by their case's size and keeps the largest in few lanes per
+        GPU (their GPU memory). The batch-invariance cases are among the largest (4096 x 65536 on
+        the full profile)."""
+        return {c.id: c for c in self.cases + self.backward_cases + self.batch_cases}
 
     @property
     def kernel_index(self) -> dict[tuple[str, str], NormKernel]:
@@ -328,7 +331,7 @@ def pytest_configure(config):
         "fuzz_seed": config.getoption("fuzz_seed"),
     }
     state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config,
-                         backward_cases=backward_cases)
+                         backward_cases=backward_cases, batch_cases=properties.batch_cases(profile))
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normdiff-state")
     if not isolation.worker_id(config) and not is_benchmark_run(config):

@@ -17,7 +17,7 @@ def pytest_generate_tests(metafunc):
     if state is None:
         return
     for name, cases in (("determinism_case", properties.determinism_cases(state.cases, state.profile)),
-                        ("batch_case", properties.batch_cases(state.profile))):
+                        ("batch_case", state.batch_cases)):
         if name in metafunc.fixturenames:
             pairs = [(c, k) for c in cases for k in state.kernels if k.op == c.op]
             metafunc.parametrize(name, pairs, ids=[f"{c.id}-{k.name}" for c, k in pairs])

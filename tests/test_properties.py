@@ -113,6 +113,7 @@ def test_batch_invariance_cases_are_weighed_by_the_scheduler():
     from harness import properties, scheduling
     from harness.plugin import HarnessState
 
-    state = HarnessState(kernels=[], cases=[], profile="full", selection={})
-    big = max(properties.batch_cases("full"), key=scheduling.numel)
+    state = HarnessState(kernels=[], cases=[], profile="full", selection={},
+                         batch_cases=properties.batch_cases("full"))
+    big = max(state.batch_cases, key=scheduling.numel)
     assert big.id in state.case_index and scheduling.numel(big) >= scheduling.HEAVY_ELEMENTS
