@@ -6,13 +6,16 @@ ones (never recomputed), and g = dy * w (dy without a weight):
     dx = rstd * (g - c2 - x^ * c1),  c1 = sum(g * x^) / N,  c2 = sum(g) / N (LayerNorm only)
     dw = sum over rows of dy * x^,   db = sum over rows of dy
 
-dx: rows in [ROWS, BLOCK_N] tiles. Padded lanes are zeroed with tl.where before any row sum:
-x loads 0 there, and x^ = (0 - mean) * rstd would otherwise enter c1.
+One pass over x and dy: program p owns rows [p * BLOCK_M, (p + 1) * BLOCK_M), walks them in
+[ROWS, BLOCK_N] tiles (the next tile's loads issued before this tile's arithmetic), writes each
+row's dx and adds the tile's dy * x^ and dy into [ROWS, BLOCK_N] float32 accumulators. Padded
+lanes are zeroed with tl.where before any row sum: x loads 0 there, and x^ = (0 - mean) * rstd
+would otherwise enter c1. A row's dx depends on its own row only (same tile at every M).
 
-dw, db: program p owns rows [p * BLOCK_M, (p + 1) * BLOCK_M) and writes their sums, accumulated in
-float32 in row order, to row p of the float32 partials; ``bwd_reduce`` then sums the partials of
-each column in program order. No atomics: the same inputs give the same bits, and BLOCK_M is a
-constant (not a function of M), so the grouping of rows into partials never moves.
+dw, db: at the end program p sums its accumulators over their ROWS rows and writes row p of the
+float32 partials; ``bwd_reduce`` then sums the partials of each column in program order. No
+atomics: the same inputs give the same bits, and BLOCK_M and ROWS come from N and dtype only
+(never from M), so the grouping of rows into partials never moves.
 
 Two forms of the row kernel: ONE_TILE (BLOCK_N covers N) computes c1 and c2 in the tile; otherwise
 ``bwd_row_stats`` first writes c1 and c2 per row (looping over the row in chunks), and the row

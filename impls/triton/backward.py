@@ -6,11 +6,13 @@ Launch settings depend on N and dtype only, never on M:
 
 - dx is computed per row with the same tile and reduction order at every M: a row's dx bits do
   not depend on the rest of the batch (batch invariant).
-- dw and db: partial sums over blocks of BWD_BLOCK_M rows (a constant), then a fixed-order
-  reduction of the partials. Deterministic (no atomics). dw over M rows depends on M, as a sum
-  does; the grouping of rows into partials is fixed, so the bits of dw for a given set of rows
-  never move with the launch. (A block size chosen from M, e.g. to fill the SMs at small M, would
-  change dw's bits with M; this one does not.)
+- dw and db: accumulated in float32 in the same pass as dx (x and dy read once), one partial per
+  program of block_m rows (from N and dtype: BWD_SETTINGS or the rule), then a fixed-order
+  reduction of the partials over narrow column blocks. Deterministic (no atomics). dw over M rows
+  depends on M, as a sum does; the grouping of rows into partials is fixed, so the bits of dw for
+  a given set of rows never move with the launch. The price: at small M there are few programs
+  (M / block_m), too few to fill the GPU; a grid sized to the SMs would fill it but move dw's
+  bits with M, so it is not used.
 """
 from __future__ import annotations
 
