@@ -22,11 +22,13 @@ from pathlib import Path
 import torch
 
 SHAPES = ((65536, 1024), (32768, 2048), (16384, 4096), (16384, 8192))
+# Rows per program against wave quantisation (programs = M / block_m over blocks per SM x 132),
+# tile shape and a register cap (more blocks per SM).
 CANDIDATES = {
-    1024: [(128, 1, 4), (64, 2, 8), (32, 1, 4)],
-    2048: [(64, 1, 4), (128, 1, 8), (32, 1, 8)],
-    4096: [(64, 1, 16, 64), (64, 1, 8), (32, 1, 16)],
-    8192: [(64, 1, 32, 64), (32, 1, 16), (128, 1, 16)],
+    1024: [(128, 1, 4), (256, 1, 4), (64, 2, 8)],
+    2048: [(64, 1, 8, 64), (128, 1, 8), (64, 1, 4)],
+    4096: [(64, 1, 16, 64), (128, 1, 16), (64, 1, 8)],
+    8192: [(64, 1, 32, 64), (128, 1, 16), (32, 1, 16)],
 }
 BUDGET_S = 120  # candidates are left out once this much time has gone
 
