@@ -83,28 +83,29 @@ def bwd_rows(
     One pass over x and dy: each [ROWS, BLOCK_N] tile gives its rows' dx and is added into
     [ROWS, BLOCK_N] float32 accumulators, summed over their rows once at the end (no cross-thread
     reduction per tile). The next tile's x and dy are loaded, in their own dtype, before this
-    tile's arithmetic: two tiles of loads in flight per program."""
+    tile's arithmetic (with the rows' saved statistics): two tiles of loads in flight per program."""
     pid_m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     first = pid_m * BLOCK_M
-    end = M
+    end = tl.minimum(first + SPAN, M)  # the last tile's prefetch stops at this program's rows
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
     else:
         w = cols  # never read
     acc_dw = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     acc_db = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    x_raw, dy_raw = _load_tile(X, DY, first + tl.arange(0, ROWS), end, cols, cmask, stride_x, stride_dy)
+    nxt = _load_tile(X, DY, MEAN, RSTD, C1, C2, first + tl.arange(0, ROWS), end, cols, cmask, stride_x, stride_dy,
+                     IS_LN, ONE_TILE)
     for r0 in tl.range(0, SPAN, ROWS):
         rows = first + r0 + tl.arange(0, ROWS)
         rmask = rows < end
         mask = rmask[:, None] & cmask[None, :]
+        x_raw, dy_raw, mean, rstd, c1, c2 = nxt
+        nxt = _load_tile(X, DY, MEAN, RSTD, C1, C2, rows + ROWS, end, cols, cmask, stride_x, stride_dy,
+                         IS_LN, ONE_TILE)  # the next tile, in flight during this one's arithmetic
         x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
-        x_raw, dy_raw = _load_tile(X, DY, rows + ROWS, end, cols, cmask, stride_x, stride_dy)  # the next tile
-        rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
         if IS_LN:
-            mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
             xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         else:
             xhat = tl.where(mask, x * rstd[:, None], 0.0)
@@ -114,9 +115,6 @@ def bwd_rows(
         if ONE_TILE:
             c1 = tl.sum(g * xhat, axis=1) / N
             c2 = tl.sum(g, axis=1) / N
-        else:
-            c1 = tl.load(C1 + rows, mask=rmask, other=0.0)
-            c2 = tl.load(C2 + rows, mask=rmask, other=0.0)
         if IS_LN:
             dx = (g - c2[:, None] - xhat * c1[:, None]) * rstd[:, None]
         else:
@@ -134,13 +132,25 @@ def bwd_rows(
 
 
 @triton.jit
-def _load_tile(X, DY, rows, end, cols, cmask, stride_x, stride_dy):
-    """x and dy of a [ROWS, BLOCK_N] tile in their own dtype, zero past ``end`` and N."""
+def _load_tile(X, DY, MEAN, RSTD, C1, C2, rows, end, cols, cmask, stride_x, stride_dy,
+               IS_LN: tl.constexpr, ONE_TILE: tl.constexpr):
+    """x and dy of a [ROWS, BLOCK_N] tile in their own dtype (zero past ``end`` and N) and the
+    rows' mean, rstd (and, for long rows, c1 and c2; else rstd in their places, never read)."""
     rows64 = rows.to(tl.int64)
-    mask = (rows < end)[:, None] & cmask[None, :]
+    rmask = rows < end
+    mask = rmask[:, None] & cmask[None, :]
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-    return x, dy
+    rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+    mean = rstd
+    if IS_LN:
+        mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
+    c1 = rstd
+    c2 = rstd
+    if not ONE_TILE:
+        c1 = tl.load(C1 + rows, mask=rmask, other=0.0)
+        c2 = tl.load(C2 + rows, mask=rmask, other=0.0)
+    return x, dy, mean, rstd, c1, c2
 
 
 @triton.jit
