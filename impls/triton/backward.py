@@ -25,16 +25,21 @@ import torch
 from impls.base import NormGrads, NormOutputs
 from impls.gpu_limits import cdiv, next_pow2
 
-# Launch settings: (bytes per element, tile width) -> (rows per program, rows per tile, warps[,
-# a cap on registers per thread for ptxas]).
-# Rows per program is the rows of one dw/db partial: from N and dtype only, so the grouping of
-# rows into partials (and the reduction tree) never moves with M. First choices, not yet timed on
-# a GPU (tools/bwd_probe.py times candidates); absent shapes take the rule in backward_config.
+# Launch settings: (op, bytes per element, tile width) -> (rows per program, rows per tile, warps[,
+# a cap on registers per thread for ptxas]). Rows per program is the rows of one dw/db partial:
+# from N and dtype only, so the grouping of rows into partials (and the reduction tree) never
+# moves with M. First choices from sm_90 register counts (comments: tools.triton_resources
+# --backward), not yet timed on a GPU (tools/bwd_probe.py times candidates); absent shapes take
+# the rule in backward_config.
 BWD_SETTINGS = {
-    (2, 1024): (64, 1, 4),
-    (2, 2048): (64, 1, 8),
-    (2, 4096): (64, 1, 16),
-    (2, 8192): (64, 1, 16),
+    ("rms_norm", 2, 1024): (128, 1, 4),  # 70 registers: 7 blocks per SM; 512 programs at M = 65536
+    ("rms_norm", 2, 2048): (64, 1, 8, 64),  # 4 blocks per SM (uncapped: 71 registers, 3)
+    ("rms_norm", 2, 4096): (64, 1, 16, 64),  # 2 blocks per SM (uncapped: 72 registers, 1)
+    ("rms_norm", 2, 8192): (64, 1, 16),  # 128 registers, 1 block per SM
+    ("layer_norm", 2, 1024): (128, 1, 4),  # 72 registers: 7 blocks per SM
+    ("layer_norm", 2, 2048): (64, 1, 8),  # 72 registers, 3 blocks per SM (a cap of 64 spills)
+    ("layer_norm", 2, 4096): (64, 1, 16),  # 82 registers, 1 block per SM (a cap of 64 spills)
+    ("layer_norm", 2, 8192): (64, 1, 16),  # 128 registers, 1 block per SM
 }
 # The rule: at least BWD_BLOCK_M rows per program; tiles of about BWD_TILE_ELEMS values, at most
 # PER_THREAD float32 values per thread and at most MAX_WARPS warps.
@@ -50,7 +55,7 @@ BWD_COL_BLOCK = 1024
 BWD_LONG_BLOCK_M = 32
 # The final reduction: narrow column blocks (REDUCE_PROGRAMS of them where N allows, between
 # REDUCE_MIN_N and REDUCE_MAX_N columns), REDUCE_TILE partial values per step.
-REDUCE_PROGRAMS, REDUCE_MIN_N, REDUCE_MAX_N, REDUCE_TILE, REDUCE_WARPS = 128, 16, 256, 4096, 4
+REDUCE_PROGRAMS, REDUCE_MIN_N, REDUCE_MAX_N, REDUCE_TILE, REDUCE_WARPS = 128, 16, 256, 8192, 8
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ def _warps(elems: int) -> int:
     return min(MAX_WARPS, max(1, next_pow2(max(1, elems // (32 * PER_THREAD)))))
 
 
-def backward_config(n: int, dtype: torch.dtype, one_tile_max: int = BWD_ONE_TILE_MAX,
+def backward_config(n: int, dtype: torch.dtype, op: str = "rms_norm", one_tile_max: int = BWD_ONE_TILE_MAX,
                     col_block: int = BWD_COL_BLOCK, setting: tuple | None = None) -> BackwardConfig:
     """The backward's launch setting for rows of N in dtype: ``setting`` (rows per program, rows
     per tile, warps[, maxnreg]) if given, else BWD_SETTINGS, else the rule."""
@@ -79,7 +84,7 @@ def backward_config(n: int, dtype: torch.dtype, one_tile_max: int = BWD_ONE_TILE
         block_n = col_block
     reduce_n = min(REDUCE_MAX_N, max(REDUCE_MIN_N, next_pow2(n) // REDUCE_PROGRAMS))
     reduce = dict(reduce_n=reduce_n, reduce_parts=max(1, REDUCE_TILE // reduce_n))
-    setting = setting or (BWD_SETTINGS.get((dtype.itemsize, block_n)) if one_tile else None)
+    setting = setting or (BWD_SETTINGS.get((op, dtype.itemsize, block_n)) if one_tile else None)
     if setting:
         block_m, rows, warps, *cap = setting
         if block_m % rows:
@@ -107,7 +112,7 @@ class TritonBackward:
         from impls.triton._launch import state
 
         m, n = x.shape
-        cfg = cfg or backward_config(n, x.dtype)
+        cfg = cfg or backward_config(n, x.dtype, self.op)
         given = out
         if any(t is not None and not t.is_contiguous() for t in (out.dw, out.db)):  # the kernel writes stride 1
             out = NormGrads(out.dx, *(None if t is None else torch.empty(n, dtype=t.dtype, device=t.device)
