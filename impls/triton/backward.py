@@ -2,7 +2,7 @@
 dispatch kernels auto and invariant): it needs only the forward's saved mean and rstd, which all
 variants write in the same layout, so one backward serves them all. Kernels: _bwd_kernels.
 
-Launch settings depend on N and dtype only, never on M:
+Launch settings depend on op, N and dtype only, never on M:
 
 - dx is computed per row with the same tile and reduction order at every M: a row's dx bits do
   not depend on the rest of the batch (batch invariant).
@@ -27,7 +27,7 @@ from impls.gpu_limits import cdiv, next_pow2
 
 # Launch settings: (op, bytes per element, tile width) -> (rows per program, rows per tile, warps[,
 # a cap on registers per thread for ptxas]). Rows per program is the rows of one dw/db partial:
-# from N and dtype only, so the grouping of rows into partials (and the reduction tree) never
+# from op, N and dtype only, so the grouping of rows into partials (and the reduction tree) never
 # moves with M. First choices from sm_90 register counts (comments: tools.triton_resources
 # --backward), not yet timed on a GPU (tools/bwd_probe.py times candidates); absent shapes take
 # the rule in backward_config.
