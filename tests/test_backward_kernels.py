@@ -111,6 +111,22 @@ def test_triton_backward_long_row_form(op):
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_triton_backward_several_programs(op):
+    """Explicit settings of few rows per program: several dw/db partials, a last program past M
+    (33 rows), tiles of 1 and 2 rows, strided rows, 16-bit and float32."""
+    from impls.triton.backward import backward_config
+
+    kernel = _triton(op, "invariant")
+    for dtype, n, setting in ((torch.float32, 129, (8, 2, 2)), (torch.bfloat16, 1000, (4, 1, 1)),
+                              (torch.float16, 129, (16, 4, 4))):
+        cfg = backward_config(n, dtype, setting=setting)
+        assert (cfg.block_m, cfg.rows, cfg.num_warps) == setting
+        _check(op, kernel, 33, n, dtype, *AFFINE[op][0], stride=n + 3, cfg=cfg)
+    with pytest.raises(ValueError, match="must divide"):
+        backward_config(129, torch.float32, setting=(6, 4, 2))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_triton_backward_is_deterministic_and_dx_batch_invariant(op):
     kernel = _triton(op, "invariant")
     assert kernel.backward_nondeterministic is None and kernel.backward_batch_invariant

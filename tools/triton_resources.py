@@ -129,7 +129,7 @@ def backward_resources(op: str, dtype: torch.dtype, n: int, m: int = 16384) -> l
     x = torch.empty(rows, n, dtype=dtype)
     w = torch.empty(n, dtype=dtype)
     b = torch.empty(n, dtype=dtype) if op == "layer_norm" else None
-    cfg = backward_config(n, dtype)
+    cfg = backward_config(n, dtype, op)
     found = []
     for name, fn, args, kwargs in kernel.backward_launches(x, w, b, cfg):
         compiled = compile_sm90(fn, args, kwargs)

@@ -2,15 +2,17 @@
 dispatch kernels auto and invariant): it needs only the forward's saved mean and rstd, which all
 variants write in the same layout, so one backward serves them all. Kernels: _bwd_kernels.
 
-Launch settings depend on N and dtype only, never on M:
+Launch settings depend on op, N and dtype only, never on M:
 
 - dx is computed per row with the same tile and reduction order at every M: a row's dx bits do
   not depend on the rest of the batch (batch invariant).
-- dw and db: partial sums over blocks of BWD_BLOCK_M rows (a constant), then a fixed-order
-  reduction of the partials. Deterministic (no atomics). dw over M rows depends on M, as a sum
-  does; the grouping of rows into partials is fixed, so the bits of dw for a given set of rows
-  never move with the launch. (A block size chosen from M, e.g. to fill the SMs at small M, would
-  change dw's bits with M; this one does not.)
+- dw and db: accumulated in float32 in the same pass as dx (x and dy read once), one partial per
+  program of block_m rows (from N and dtype: BWD_SETTINGS or the rule), then a fixed-order
+  reduction of the partials over narrow column blocks. Deterministic (no atomics). dw over M rows
+  depends on M, as a sum does; the grouping of rows into partials is fixed, so the bits of dw for
+  a given set of rows never move with the launch. The price: at small M there are few programs
+  (M / block_m), too few to fill the GPU; a grid sized to the SMs would fill it but move dw's
+  bits with M, so it is not used.
 """
 from __future__ import annotations
 
@@ -23,40 +25,74 @@ import torch
 from impls.base import NormGrads, NormOutputs
 from impls.gpu_limits import cdiv, next_pow2
 
-# Rows per dw/db partial: one program's rows. Fixed, so the reduction tree is fixed.
-BWD_BLOCK_M = 32
+# Launch settings: (op, bytes per element, tile width) -> (rows per program, rows per tile, warps[,
+# a cap on registers per thread for ptxas]). Rows per program is the rows of one dw/db partial:
+# from op, N and dtype only, so the grouping of rows into partials (and the reduction tree) never
+# moves with M. First choices from sm_90 register counts (comments: tools.triton_resources
+# --backward), not yet timed on a GPU (tools/bwd_probe.py times candidates); absent shapes take
+# the rule in backward_config.
+BWD_SETTINGS = {
+    ("rms_norm", 2, 1024): (128, 1, 4),  # 70 registers: 7 blocks per SM; 512 programs at M = 65536
+    ("rms_norm", 2, 2048): (64, 1, 8, 64),  # 4 blocks per SM (uncapped: 71 registers, 3)
+    ("rms_norm", 2, 4096): (64, 1, 16, 64),  # 2 blocks per SM (uncapped: 72 registers, 1)
+    ("rms_norm", 2, 8192): (64, 1, 16),  # 128 registers, 1 block per SM
+    ("layer_norm", 2, 1024): (128, 1, 4),  # 72 registers: 7 blocks per SM
+    ("layer_norm", 2, 2048): (64, 1, 8),  # 72 registers, 3 blocks per SM (a cap of 64 spills)
+    ("layer_norm", 2, 4096): (64, 1, 16),  # 82 registers, 1 block per SM (a cap of 64 spills)
+    ("layer_norm", 2, 8192): (64, 1, 16),  # 128 registers, 1 block per SM
+}
+# The rule: at least BWD_BLOCK_M rows per program; tiles of about BWD_TILE_ELEMS values, at most
+# PER_THREAD float32 values per thread and at most MAX_WARPS warps.
+BWD_BLOCK_M = 64
+BWD_TILE_ELEMS = 4096
+PER_THREAD = 8
+MAX_WARPS = 16
 # Rows of up to this many columns (padded to a power of two) are one tile: c1, c2 in the row kernel.
 BWD_ONE_TILE_MAX = 8192
-# Longer rows: column blocks of this width, after a pass that writes c1, c2 per row.
+# Longer rows: column blocks of this width, after a pass that writes c1, c2 per row; rows per
+# program for them.
 BWD_COL_BLOCK = 1024
-# About this many float32 values per tile (rows x columns), as the forward's rowwise rule.
-BWD_TILE_ELEMS = 4096
-# The final reduction: partial rows per step and columns per program.
-REDUCE_PARTS, REDUCE_BLOCK_N = 8, 256
-PER_THREAD = 8
+BWD_LONG_BLOCK_M = 32
+# The final reduction: narrow column blocks (REDUCE_PROGRAMS of them where N allows, between
+# REDUCE_MIN_N and REDUCE_MAX_N columns), REDUCE_TILE partial values per step.
+REDUCE_PROGRAMS, REDUCE_MIN_N, REDUCE_MAX_N, REDUCE_TILE, REDUCE_WARPS = 128, 16, 256, 8192, 8
 
 
 @dataclass(frozen=True)
 class BackwardConfig:
     block_n: int  # columns per tile
-    rows: int  # rows per tile (a divisor of BWD_BLOCK_M)
+    rows: int  # rows per tile (a divisor of block_m)
     num_warps: int
     one_tile: bool  # block_n covers N
+    block_m: int = BWD_BLOCK_M  # rows per program: one dw/db partial
+    reduce_n: int = 64  # the reduction's columns per program
+    reduce_parts: int = 64  # the reduction's partial rows per step
+    maxnreg: int | None = None  # a cap on the row kernel's registers per thread (compiled only)
 
 
 def _warps(elems: int) -> int:
-    return min(16, max(1, next_pow2(max(1, elems // (32 * PER_THREAD)))))
+    return min(MAX_WARPS, max(1, next_pow2(max(1, elems // (32 * PER_THREAD)))))
 
 
-def backward_config(n: int, dtype: torch.dtype, one_tile_max: int = BWD_ONE_TILE_MAX,
-                    col_block: int = BWD_COL_BLOCK) -> BackwardConfig:
-    """The backward's launch setting for rows of N (dtype kept for future tables)."""
+def backward_config(n: int, dtype: torch.dtype, op: str = "rms_norm", one_tile_max: int = BWD_ONE_TILE_MAX,
+                    col_block: int = BWD_COL_BLOCK, setting: tuple | None = None) -> BackwardConfig:
+    """The backward's launch setting for rows of N in dtype: ``setting`` (rows per program, rows
+    per tile, warps[, maxnreg]) if given, else BWD_SETTINGS, else the rule."""
     block_n = next_pow2(n)
     one_tile = block_n <= one_tile_max
     if not one_tile:
         block_n = col_block
-    rows = max(1, min(BWD_BLOCK_M, BWD_TILE_ELEMS // block_n))
-    return BackwardConfig(block_n, rows, _warps(rows * block_n), one_tile)
+    reduce_n = min(REDUCE_MAX_N, max(REDUCE_MIN_N, next_pow2(n) // REDUCE_PROGRAMS))
+    reduce = dict(reduce_n=reduce_n, reduce_parts=max(1, REDUCE_TILE // reduce_n))
+    setting = setting or (BWD_SETTINGS.get((op, dtype.itemsize, block_n)) if one_tile else None)
+    if setting:
+        block_m, rows, warps, *cap = setting
+        if block_m % rows:
+            raise ValueError(f"rows per tile ({rows}) must divide rows per program ({block_m})")
+        return BackwardConfig(block_n, rows, warps, one_tile, block_m, **reduce, maxnreg=cap[0] if cap else None)
+    rows = max(1, BWD_TILE_ELEMS // block_n)
+    block_m = max(BWD_BLOCK_M if one_tile else BWD_LONG_BLOCK_M, rows)
+    return BackwardConfig(block_n, rows, _warps(rows * block_n), one_tile, block_m, **reduce)
 
 
 @lru_cache(maxsize=1)
@@ -76,23 +112,24 @@ class TritonBackward:
         from impls.triton._launch import state
 
         m, n = x.shape
+        cfg = cfg or backward_config(n, x.dtype, self.op)
         given = out
         if any(t is not None and not t.is_contiguous() for t in (out.dw, out.db)):  # the kernel writes stride 1
             out = NormGrads(out.dx, *(None if t is None else torch.empty(n, dtype=t.dtype, device=t.device)
                                       for t in (out.dw, out.db)))
-        cfg = cfg or backward_config(n, x.dtype)
         interp = state().interpreted
         round_bf16 = interp and x.dtype == torch.bfloat16
         is_ln = self.op == "layer_norm"
         has_dw, has_db = out.dw is not None, out.db is not None
         w = weight if weight is not None else x  # never read when HAS_WEIGHT is off
         mean = saved.mean if is_ln else saved.rstd  # never read for RMSNorm
-        groups = cdiv(m, BWD_BLOCK_M)
+        groups = cdiv(m, cfg.block_m)
         f32 = dict(dtype=torch.float32, device=x.device)
         dwp = torch.empty(groups, n, **f32) if has_dw else saved.rstd
         dbp = torch.empty(groups, n, **f32) if has_db else saved.rstd
         c1 = c2 = saved.rstd  # never read in the one-tile form
         opts = {} if interp else {"num_warps": cfg.num_warps}
+        row_opts = opts if interp or not cfg.maxnreg else {**opts, "maxnreg": cfg.maxnreg}
         flags = dict(HAS_WEIGHT=weight is not None, IS_LN=is_ln)
         if not cfg.one_tile:
             c1, c2 = torch.empty(m, **f32), torch.empty(m, **f32)
@@ -102,14 +139,15 @@ class TritonBackward:
         self._bwd_launch("bwd_rows", x, (groups, cdiv(n, cfg.block_n)),
                          (x, dy, w, mean, saved.rstd, c1, c2, out.dx, dwp, dbp, m, n, x.stride(0), dy.stride(0),
                           out.dx.stride(0)),
-                         dict(**flags, HAS_DW=has_dw, HAS_DB=has_db, ONE_TILE=cfg.one_tile, BLOCK_M=BWD_BLOCK_M,
-                              ROWS=cfg.rows, BLOCK_N=cfg.block_n, ROUND_BF16=round_bf16, **opts))
+                         dict(**flags, HAS_DW=has_dw, HAS_DB=has_db, ONE_TILE=cfg.one_tile, BLOCK_M=cfg.block_m,
+                              SPAN=cfg.block_m if m >= cfg.block_m else max(cfg.rows, next_pow2(m)),
+                              ROWS=cfg.rows, BLOCK_N=cfg.block_n, ROUND_BF16=round_bf16, **row_opts))
         if has_dw or has_db:
-            self._bwd_launch("bwd_reduce", x, (cdiv(n, REDUCE_BLOCK_N),),
+            self._bwd_launch("bwd_reduce", x, (cdiv(n, cfg.reduce_n),),
                              (dwp, dbp, out.dw if has_dw else dwp, out.db if has_db else dbp, groups, n),
-                             dict(HAS_DW=has_dw, HAS_DB=has_db, PARTS=REDUCE_PARTS,
-                                  ITERS=next_pow2(cdiv(groups, REDUCE_PARTS)), BLOCK_N=REDUCE_BLOCK_N,
-                                  ROUND_BF16=round_bf16, **({} if interp else {"num_warps": 4})))
+                             dict(HAS_DW=has_dw, HAS_DB=has_db, PARTS=cfg.reduce_parts,
+                                  ITERS=next_pow2(cdiv(groups, cfg.reduce_parts)), BLOCK_N=cfg.reduce_n,
+                                  ROUND_BF16=round_bf16, **({} if interp else {"num_warps": REDUCE_WARPS})))
         for mine, theirs in ((out.dw, given.dw), (out.db, given.db)):
             if mine is not theirs:
                 theirs.copy_(mine)

@@ -1,0 +1,144 @@
+"""Time the Triton backward's launch settings against a copy kernel in the same process (CUDA).
+
+For each op and shape (bfloat16, full affine): the setting backward_config gives ("default") and
+the CANDIDATES for that N (less the default), each checked against the float64 oracle first (relative L2
+error of dx on sample rows, of dw and db over all rows), then timed as the benchmarks time
+(harness.timing.gpu_time_ms: settled, cold L2) and written as % of the copy bandwidth, with bytes
+as the benchmark counts them (timing.bytes_moved_backward). The default setting is also checked
+bitwise: two calls give the same bits, and dx of the first rows alone equals theirs in the batch.
+
+    python -m tools.bwd_probe --out "$OUT"            # about a minute on an H200
+
+Writes bwd_probe.json and bwd_probe.txt under --out. A candidate is (rows per program, rows per
+tile, warps[, maxnreg]) as in impls.triton.backward.BWD_SETTINGS.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = ((65536, 1024), (32768, 2048), (16384, 4096), (16384, 8192))
+# Rows per program against wave quantisation (programs = M / block_m over blocks per SM x 132),
+# tile shape and a register cap (more blocks per SM).
+CANDIDATES = {
+    1024: [(64, 1, 4), (32, 1, 4), (128, 2, 8)],
+    2048: [(64, 1, 8), (64, 1, 8, 64), (128, 1, 8), (32, 1, 8)],
+    4096: [(64, 1, 16), (64, 1, 16, 64), (128, 1, 16), (32, 1, 16)],
+    8192: [(64, 1, 32, 64), (32, 1, 16), (128, 1, 16)],
+}
+BUDGET_S = 120  # candidates are left out once this much time has gone
+
+
+class _Untimed(Exception):
+    pass
+
+
+def _errors(op, x, w, b, dy, grads, eps, sample) -> dict:
+    from impls.reference import reference_backward
+
+    want = reference_backward(op, x, dy, w, b, eps)
+    rows = reference_backward(op, x[sample], dy[sample], w, b, eps)
+    out = {}
+    for name, got, ref in (("dx", grads.dx[sample], rows.dx), ("dw", grads.dw, want.dw), ("db", grads.db, want.db)):
+        if got is not None and ref is not None:
+            out[name] = float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--ops", default="rms_norm,layer_norm")
+    p.add_argument("--no-candidates", action="store_true", help="the default setting only")
+    p.add_argument("--smoke", action="store_true", 
+                   help="CPU (interpreter), tiny shapes, nothing timed: the script's own test")
+    args = p.parse_args(argv)
+    dev = "cpu" if args.smoke else "cuda"
+    shapes = ((1100, 1024), (40, 8192)) if args.smoke else SHAPES
+    from harness import timing
+    from harness.bench import sample_rows
+    from harness.bench_backward import draw_dy
+    from impls import registry
+    from impls.base import DEFAULT_EPS, NormGrads, NormOutputs
+    from impls.triton.backward import BWD_SETTINGS, backward_config
+
+    registry.load_builtins()
+    t0 = time.perf_counter()
+    tools = None if args.smoke else timing.GpuTools(dev)
+    ceiling, how = (1.0, "not timed") if args.smoke else timing.copy_ceiling_gbps(dev, tools)
+    name = "cpu" if args.smoke else torch.cuda.get_device_name()
+    rows_out, lines = [], [f"copy: {ceiling:.0f} GB/s ({how}); {name}"]
+    dtype = torch.bfloat16
+    # The defaults of every shape first, then the candidates (the ones the time budget may cut).
+    jobs = [(phase, op, shape) for phase in ("default", "candidates") for op in args.ops.split(",")
+            for shape in shapes if phase == "default" or not args.no_candidates]
+    for phase, op, (m, n) in jobs:
+        k = registry.get(op, "triton", "invariant")
+        layer = op == "layer_norm"
+        eps = DEFAULT_EPS[op]
+        g = torch.Generator(device=dev).manual_seed(m + n)
+        x = (torch.randn(m, n, generator=g, device=dev) + (1.0 if layer else 0.0)).to(dtype)
+        w = (1 + 0.1 * torch.randn(n, generator=g, device=dev)).to(dtype)
+        b = (0.1 * torch.randn(n, generator=g, device=dev)).to(dtype) if layer else None
+        dy = draw_dy(x)
+        fwd = k(x, w, b, eps)
+        saved = NormOutputs(y=fwd.y, mean=None if fwd.mean is None else fwd.mean.view(-1), rstd=fwd.rstd.view(-1))
+        sample = sample_rows(m, n, dev)
+        default = BWD_SETTINGS.get((op, dtype.itemsize, n))
+        settings = [None] if phase == "default" else [c for c in CANDIDATES.get(n, []) if c != default]
+        for setting in settings:
+            if setting is not None and time.perf_counter() - t0 > BUDGET_S:
+                lines.append(f"{op} {m}x{n} {setting}: left out (time budget)")
+                continue
+            cfg = backward_config(n, dtype, op, setting=setting)
+            grads = NormGrads(torch.empty_like(x), torch.empty_like(w), None if b is None else torch.empty_like(b))
+            fn = lambda: k._backward(x, w, b, dy, saved, eps, grads, cfg)  # noqa: E731
+            row = dict(op=op, m=m, n=n, setting="default" if setting is None else list(setting),
+                       block_m=cfg.block_m, rows=cfg.rows, warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+            try:
+                fn()
+                if not args.smoke:
+                    torch.cuda.synchronize()
+                row["rel_l2"] = _errors(op, x, w, b, dy, grads, eps, sample)
+                if setting is None:
+                    first = {t: v.clone() for t, v in grads.fields().items()}
+                    fn()
+                    row["deterministic"] = all(torch.equal(v, getattr(grads, t)) for t, v in first.items())
+                    part = NormGrads(torch.empty_like(x[:1000]), torch.empty_like(w),
+                                     None if b is None else torch.empty_like(b))
+                    k._backward(x[:1000], w, b, dy[:1000], NormOutputs(y=x[:1000], mean=None if saved.mean is None
+                                else saved.mean[:1000], rstd=saved.rstd[:1000]), eps, part, cfg)
+                    row["dx_batch_invariant"] = torch.equal(part.dx, first["dx"][:1000])
+                if args.smoke:
+                    raise RuntimeError("not timed (smoke)") if row["rel_l2"]["dx"] > 0.05 else _Untimed()
+                ms = timing.gpu_time_ms(fn, tools)
+                nbytes = timing.bytes_moved_backward(m, n, dtype, True, layer, 2 if layer else 1)
+                row.update(us=ms * 1e3, pct_of_copy=100 * nbytes / (ms * 1e-3) / 1e9 / ceiling)
+            except _Untimed:
+                pass
+            except Exception as exc:  # a candidate that fails to compile or launch is reported, not fatal
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rows_out.append(row)
+            errs = " ".join(f"{a}={v:.2e}" for a, v in row.get("rel_l2", {}).items())
+            flags = "".join(f" {f}={row[f]}" for f in ("deterministic", "dx_batch_invariant") if f in row)
+            lines.append(f"{op:<10} {m:>6}x{n:<5} {str(row['setting']):<18} bm={cfg.block_m:<4} "
+                         f"programs={-(-m // cfg.block_m):<5} rows={cfg.rows} "
+                         f"warps={cfg.num_warps:<2} cap={cfg.maxnreg} "
+                         + (f"{row['us']:8.1f} us {row['pct_of_copy']:5.1f}% of copy" if "us" in row
+                            else row.get("error", ""))
+                         + f"  rel_l2 {errs}{flags}")
+            print(lines[-1], flush=True)
+    lines.append(f"total {time.perf_counter() - t0:.0f} s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bwd_probe.json").write_text(json.dumps(dict(ceiling_gbps=ceiling, rows=rows_out), indent=1))
+    (out / "bwd_probe.txt").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
