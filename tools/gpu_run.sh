@@ -4,7 +4,9 @@
 #                                 CHECKS_K selects a part (pytest -k), e.g. to time it alone
 #   tools/gpu_run.sh tests OUT    the framework's tests
 #   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep; BENCH_REPEAT passes of the bandwidth
-#                                 part, default 2), README shapes; tools.host_cost
+#                                 part, default 2), README shapes; tools.host_cost. BENCH_ARGS adds
+#                                 pytest arguments (e.g. "--dtype float16" for one share of a split
+#                                 run); BENCH_EXTRAS=0 leaves out the README shapes and tools.host_cost
 #   tools/gpu_run.sh sweep OUT [ARGS]   the Triton launch-setting sweep (python -m tools.triton_sweep ARGS)
 # The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
 # TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
@@ -37,8 +39,9 @@ bench)
   timeout 130 python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
   pt "${BENCH_TIMEOUT:-380}" benchmarks --benchmark-only --profile full --bench-repeat "${BENCH_REPEAT:-2}" \
      --backend all "${liger[@]}" \
-     --report-dir="$out" > "$out/benchmark.log" 2>&1
+     --report-dir="$out" ${BENCH_ARGS:-} > "$out/benchmark.log" 2>&1
   tail -n 15 "$out/benchmark.log"
+  [[ ${BENCH_EXTRAS:-1} == 0 ]] && exit 0
   # The shapes the README quotes, each kernel of the project, bf16.
   timeout 50 python -m harness.measure --backend triton,tilelang --dtype bfloat16 \
      --shapes 16384x4096,16384x4000,32768x1024,4096x65536 --json "$out/measure.json" > "$out/measure.log" 2>&1
