@@ -33,6 +33,7 @@ def _triton_split(op, depth=1, block_n=None, warps=None):
     from impls.triton.settings import LaunchConfig
 
     k = copy.copy(registry.get(op, "triton", "split"))
+    k.__dict__.pop("_plans", None)  # the copy's own fast-path plans
     k.depth = depth
     if block_n:
         k.config = lambda n, dtype, m=None: LaunchConfig(block_n=block_n, rows=1, num_warps=warps)
@@ -44,6 +45,7 @@ def _tilelang_cluster(op, threads=None, vectors=None):
 
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
+    k.__dict__.pop("_plans", None)
     if threads or vectors:
         k.plan_for = lambda dtype, n, hw, hb, vec, m=None: cluster_plan(variant, dtype, n, hw, hb, vec, threads, vectors)
     return k
