@@ -40,30 +40,31 @@ def _triton_split(op, depth=1, block_n=None, warps=None):
     return k
 
 
-def _tilelang_cluster(op, threads=None, vectors=None):
+def _tilelang_cluster(op, threads=None, vectors=None, bound=True):
     from impls.tilelang._long_plan import cluster_plan
 
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     k.__dict__.pop("_plans", None)
-    if threads or vectors:
-        k.plan_for = lambda dtype, n, hw, hb, vec, m=None: cluster_plan(variant, dtype, n, hw, hb, vec, threads, vectors)
+    if threads or vectors or not bound:
+        k.plan_for = lambda dtype, n, hw, hb, vec, m=None: cluster_plan(variant, dtype, n, hw, hb, vec, threads, vectors,
+                                                                        bound)
     return k
 
 
 def candidates(op: str) -> list[tuple[int, str, object]]:
     """(tier, label, factory)."""
+    name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
-        (1, "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster", lambda: _tilelang_cluster(op)),
+        (1, name, lambda: _tilelang_cluster(op)),
         (1, "triton.split", lambda: _triton_split(op)),
         (1, "triton.split depth=2", lambda: _triton_split(op, depth=2)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
         (2, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),
         (2, "triton.split 8192x8w depth=2", lambda: _triton_split(op, 2, 8192, 8)),
-        (3, "tilelang.cluster 256 threads" if op == "rms_norm" else "tilelang.layer_norm_cluster 256 threads",
-         lambda: _tilelang_cluster(op, threads=256)),
-        (3, "tilelang.cluster 8 vectors" if op == "rms_norm" else "tilelang.layer_norm_cluster 8 vectors",
-         lambda: _tilelang_cluster(op, vectors=8)),
+        (3, f"{name} no launch bound", lambda: _tilelang_cluster(op, bound=False)),
+        (3, f"{name} 256 threads", lambda: _tilelang_cluster(op, threads=256)),
+        (3, f"{name} 8 vectors", lambda: _tilelang_cluster(op, vectors=8)),
     ]
     if op == "rms_norm":
         c.append((2, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))

@@ -37,10 +37,14 @@ def cluster_size(plan: Plan) -> int:
 
 
 def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
-                 threads: int | None = None, vectors: int | None = None) -> Plan:
-    """Threads per block and 16-byte vectors per thread (``threads``/``vectors`` override the
-    rule, for the probe): the fewest blocks per row with CLUSTER_VECTORS vectors per thread,
-    more vectors per thread where the row would need more than MAX_CLUSTER blocks."""
+                 threads: int | None = None, vectors: int | None = None, bound: bool = True) -> Plan:
+    """Threads per block and 16-byte vectors per thread (``threads``/``vectors``/``bound``
+    override the rule, for tools/long_row_probe): the fewest blocks per row with CLUSTER_VECTORS
+    vectors per thread, more vectors per thread where the row would need more than MAX_CLUSTER
+    blocks. At CLUSTER_VECTORS full-width vectors a launch bound of 2 blocks per SM (64
+    registers): ptxas otherwise takes 68-96 (RMSNorm bf16 131072, LayerNorm bf16 65536 with
+    bias), one block per SM, and spills nothing at 64 where no lane is masked; masked lanes
+    spill there (LayerNorm bf16 100000 with bias: 34 bytes)."""
     dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
     tpr = threads or CLUSTER_THREADS
     # Vectors of the plan's width that make 16 bytes: a narrower vec holds as many bytes.
@@ -52,4 +56,6 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     # Short rows: fewer threads' worth of segment, never past the row (one block, no cluster).
     while seg // 2 >= n and seg // 2 >= tpr * vec:
         seg //= 2
-    return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, 1, seg)
+    whole = per16 == 1 and n % seg == 0  # no masked lanes
+    min_blocks = 2 if bound and whole and vpt <= CLUSTER_VECTORS and tpr == CLUSTER_THREADS else None
+    return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, 1, seg, min_blocks)

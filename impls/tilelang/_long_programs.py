@@ -40,6 +40,8 @@ def rms_norm_cluster(plan: Plan):
         RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
     ):
         with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
+            if plan.min_blocks:
+                T.annotate_min_blocks_per_sm(plan.min_blocks)
             xr = T.alloc_fragment((1, S), dt)
             sq = T.alloc_fragment((1, S), F32)
             ss = T.alloc_fragment((1,), F32)
@@ -95,6 +97,8 @@ def layer_norm_cluster(plan: Plan):
         MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
     ):
         with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
+            if plan.min_blocks:
+                T.annotate_min_blocks_per_sm(plan.min_blocks)
             xr = T.alloc_fragment((1, S), dt)
             d = T.alloc_fragment((1, S), F32)
             s1 = T.alloc_fragment((1,), F32)
