@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=tuple(DTYPES))
     p.add_argument("--ns", default="65536,131072,262144")
     p.add_argument("--tiers", type=int, default=3)
-    p.add_argument("--budget", type=float, default=125.0, help="seconds after which no candidate starts")
+    p.add_argument("--budget", type=float, default=110.0, help="seconds after which no candidate starts")
     p.add_argument("--bench-rows", action="store_true", help="the benchmark's M instead of x of about 1 GiB")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
