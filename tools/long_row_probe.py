@@ -62,6 +62,7 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
         (2, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),
         (2, "triton.split 8192x8w depth=2", lambda: _triton_split(op, 2, 8192, 8)),
+        (2, f"{name} 1024 threads", lambda: _tilelang_cluster(op, threads=1024)),
         (3, f"{name} no launch bound", lambda: _tilelang_cluster(op, bound=False)),
         (3, f"{name} 256 threads", lambda: _tilelang_cluster(op, threads=256)),
         (3, f"{name} 8 vectors", lambda: _tilelang_cluster(op, vectors=8)),
