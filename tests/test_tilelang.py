@@ -48,11 +48,11 @@ def _source(variant, n, dtype=torch.bfloat16, weight=True):
 
 
 # -- registration and capability ----------------------------------------------------------------
-def test_registry_lists_the_four_kernels():
+def test_registry_lists_the_six_kernels():
     registry.load_builtins()
     names = {(k.op, k.variant) for k in registry.kernels(["tilelang"])}
     assert names == {("rms_norm", "naive_row_per_block"), ("rms_norm", "fragment"), ("rms_norm", "splitk"),
-                     ("layer_norm", "layer_norm_fwd")}
+                     ("layer_norm", "layer_norm_fwd"), ("rms_norm", "cluster"), ("layer_norm", "layer_norm_cluster")}
 
 
 def test_import_is_cheap_and_does_not_import_tilelang():

@@ -252,3 +252,12 @@ def _backward_builders():
 
 
 BUILDERS.update(_backward_builders())  # after the forward's: _bwd_programs imports from this module
+
+
+def _long_builders():
+    from impls.tilelang._long_programs import BUILDERS as long_builders
+
+    return long_builders
+
+
+BUILDERS.update(_long_builders())  # the cluster kernels (_long_programs imports from this module)

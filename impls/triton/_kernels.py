@@ -258,7 +258,8 @@ def layer_norm_looped(
 # sees the tag sees the value: no fence, which would make the writer wait for its earlier y
 # stores to land. A group's words sit in two row slots (WORDS[group, it % 2, part, pair]): a
 # program can be one row ahead of a sibling still reading, never two (it cannot pass the next
-# wait without that sibling). While a program waits, its next row's x is already loading.
+# wait without that sibling). While a program waits, its next row's x is already loading (with
+# DEPTH = 2 its next two rows': twice the loads in flight, for twice x's registers).
 # DONE counts programs past their last wait; the group's last one zeroes its words, so every
 # launch starts from tags of 0 (the workspace is zero when made).
 @triton.jit
@@ -294,20 +295,27 @@ def _split_finish(WORDS, DONE, group, SPLITS: tl.constexpr, SPLITS_P2: tl.conste
 def rms_norm_split(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
+    ROUND_BF16: tl.constexpr, DEPTH: tl.constexpr = 1,
 ):
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     x_next = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask & (group < M), other=0.0)
+    if DEPTH == 2:
+        x_next2 = tl.load(X + (group + GROUPS).to(tl.int64) * stride_x + cols, mask=cmask & (group + GROUPS < M),
+                          other=0.0)
     it = 0
     for row in tl.range(group, M, GROUPS):
         row64 = row.to(tl.int64)
         x = x_next.to(tl.float32)
         ss = tl.sum(x * x, axis=0)
-        nxt = row + GROUPS
-        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        nxt = row + DEPTH * GROUPS
+        if DEPTH == 2:
+            x_next = x_next2
+            x_next2 = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        else:
+            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
         ss_j, _ = _split_exchange(WORDS, group, part, it, ss, ss, SPLITS, SPLITS_P2)
         rstd = tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)  # the same order in every program
         y = x * rstd
@@ -324,7 +332,7 @@ def rms_norm_split(
 def layer_norm_split(
     X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr,
+    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, DEPTH: tl.constexpr = 1,
 ):
     # Each program reduces its own columns exactly (two passes over registers: mean, then the
     # centred sum of squares), and the row's mean and variance come from the parts' (mean, M2)
@@ -337,6 +345,9 @@ def layer_norm_split(
     j = tl.arange(0, SPLITS_P2)
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns per part
     x_next = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask & (group < M), other=0.0)
+    if DEPTH == 2:
+        x_next2 = tl.load(X + (group + GROUPS).to(tl.int64) * stride_x + cols, mask=cmask & (group + GROUPS < M),
+                          other=0.0)
     it = 0
     for row in tl.range(group, M, GROUPS):
         row64 = row.to(tl.int64)
@@ -344,8 +355,12 @@ def layer_norm_split(
         m_part = tl.sum(x, axis=0) / n_part
         d = tl.where(cmask, x - m_part, 0.0)
         m2_part = tl.sum(d * d, axis=0)
-        nxt = row + GROUPS
-        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        nxt = row + DEPTH * GROUPS
+        if DEPTH == 2:
+            x_next = x_next2
+            x_next2 = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        else:
+            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
         m_j, m2_j = _split_exchange(WORDS, group, part, it, m_part, m2_part, SPLITS, SPLITS_P2)
         mean = tl.sum(n_j * m_j, axis=0) / N
         dm = m_j - mean

@@ -6,7 +6,7 @@ import torch
 
 from impls.gpu_limits import SM_MAX_BLOCKS, SM_REGISTERS, SM_SHARED, SM_THREADS, blocks_per_sm, cdiv, next_pow2
 from impls.triton._launch import TritonKernel, split_unavailable
-from impls.triton.settings import SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig, split_config
+from impls.triton.settings import SPLIT_DEPTH, SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig, split_config
 
 
 class SplitRowsKernel(TritonKernel):
@@ -35,8 +35,10 @@ class SplitRowsKernel(TritonKernel):
                           f"this GPU has {sms} SMs")
         return reason
 
+    depth = SPLIT_DEPTH  # rows of x loaded ahead (settings.SPLIT_DEPTH)
+
     def _meta(self, cfg: LaunchConfig) -> dict:
-        return {}  # SPLITS comes from the call, which knows N
+        return {"DEPTH": self.depth}  # SPLITS comes from the call, which knows N
 
     def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
         """As TritonKernel.run, with the workspace between ``tensors`` and ``scalars`` and the

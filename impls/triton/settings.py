@@ -41,6 +41,10 @@ DECODE_PER_THREAD = 16
 SPLIT_MAX = 64
 SPLIT_MAX_BLOCK = 16384
 SPLIT_PER_THREAD = 32
+# Rows of x each split program loads ahead of the one it reduces (1 or 2): 2 doubles the loads in
+# flight while a program waits for its row's siblings, for twice x's registers. Not measured
+# yet: 1 is what the tables above were swept with.
+SPLIT_DEPTH = 1
 # Few rows: the dispatch runs rowwise (with the decode rule) up to this N.
 DISPATCH_DECODE_MAX_N = 8192
 

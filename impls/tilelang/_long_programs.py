@@ -1,0 +1,152 @@
+"""Long-row TileLang programs: one row over a thread-block cluster (sm_90), x read once.
+
+Block b of the grid (M x CLUSTER blocks, clusters of CLUSTER consecutive blocks) holds columns
+[rank * S, rank * S + S) of row b // CLUSTER in a register fragment (S = plan.padded, rank =
+b % CLUSTER, which is its rank in the cluster). Each block reduces its segment, then writes its
+partial statistics into slot ``rank`` of every cluster peer's shared memory (distributed shared
+memory, cooperative groups' map_shared_rank), and after a cluster barrier every block sums the
+CLUSTER slots in rank order: the same float32 value in every block of the row, in an order that
+depends on neither M nor the launch, so the kernels are deterministic and batch invariant.
+
+Barriers: the slots are zeroed first, so that they are live across the block reduction (TileLang
+would otherwise place the reduction's workspace over them), then each block arrives on the
+cluster barrier (with release semantics) and waits on it only before its remote stores: every
+peer has started and zeroed its slots, and the wait overlaps the loads. A second full cluster
+barrier after the stores makes the slots complete, and no block exits while a peer may still
+write to it.
+
+Conventions otherwise as in _programs (flat x and y, strides in units of vec, M symbolic,
+padded lanes read as zero and never stored).
+"""
+
+# No "from __future__ import annotations": TileLang evaluates the parameter annotations.
+import tilelang.language as T
+
+from impls.tilelang._long_plan import cluster_size
+from impls.tilelang._programs import F32, _affine, _row_layout, _signature_sizes
+from impls.tilelang.plan import Plan
+
+
+def rms_norm_cluster(plan: Plan):
+    N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
+    C = cluster_size(plan)
+    NW, _ = _signature_sizes(plan)
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
+    has_w = plan.has_weight
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), Y: T.Tensor((LY,), dt),
+        RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
+    ):
+        with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
+            if plan.min_blocks:
+                T.annotate_min_blocks_per_sm(plan.min_blocks)
+            xr = T.alloc_fragment((1, S), dt)
+            sq = T.alloc_fragment((1, S), F32)
+            ss = T.alloc_fragment((1,), F32)
+            mine = T.alloc_shared((1,), F32)
+            slots = T.alloc_shared((C, 1), F32)
+            T.annotate_layout({xr: _row_layout(plan, 1, S), sq: _row_layout(plan, 1, S)})
+            for p, k in T.Parallel(C, 1):
+                slots[p, k] = 0.0
+            T.cluster_arrive()
+            row = bx // C
+            base = (bx % C) * S
+            for r, j in T.Parallel(1, S):
+                xr[r, j] = T.if_then_else(
+                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
+            for r, j in T.Parallel(1, S):
+                sq[r, j] = T.cast(xr[r, j], F32) * T.cast(xr[r, j], F32)
+            T.reduce_sum(sq, ss, dim=1)
+            mine[0] = ss[0]
+            # Every block's partial into slot rank of every peer (see the module's barriers).
+            T.cluster_wait()
+            for p in T.serial(C):
+                T.copy_cluster(mine[0:1], slots[bx % C, 0:1], dst_block=p)
+            T.cluster_sync()
+            ss[0] = 0.0
+            for p in T.serial(C):  # rank order: the same sum in every block
+                ss[0] += slots[p, 0]
+            ss[0] = T.rsqrt(ss[0] / N + eps)
+            for r, j in T.Parallel(1, S):
+                if base + j < N:
+                    Y[T.cast(row, "int64") * syv * vec + base + j] = T.cast(
+                        _affine(T.cast(xr[r, j], F32) * ss[0], W, None, base + j, has_w, False), dt)
+            if bx % C == 0:
+                RSTD[row] = ss[0]
+
+    return main
+
+
+def layer_norm_cluster(plan: Plan):
+    """As rms_norm_cluster, with two partials per block: the sum of its n_b columns and the sum
+    of squares about its own mean m_b. After the exchange, mean = sum / N and the row's M2 =
+    sum over blocks of M2_b + n_b (m_b - mean)^2, in rank order: no E[x^2] - E[x]^2
+    cancellation, one exchange."""
+    N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
+    C = cluster_size(plan)
+    NW, NB = _signature_sizes(plan)
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
+    has_w, has_b = plan.has_weight, plan.has_bias
+    last = N - (C - 1) * S  # columns of the last block; every other block has S
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), B: T.Tensor((NB,), dt), Y: T.Tensor((LY,), dt),
+        MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
+    ):
+        with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
+            if plan.min_blocks:
+                T.annotate_min_blocks_per_sm(plan.min_blocks)
+            xr = T.alloc_fragment((1, S), dt)
+            d = T.alloc_fragment((1, S), F32)
+            s1 = T.alloc_fragment((1,), F32)
+            s2 = T.alloc_fragment((1,), F32)
+            mine = T.alloc_shared((2,), F32)
+            slots = T.alloc_shared((C, 2), F32)
+            T.annotate_layout({xr: _row_layout(plan, 1, S), d: _row_layout(plan, 1, S)})
+            for p, k in T.Parallel(C, 2):
+                slots[p, k] = 0.0
+            T.cluster_arrive()
+            row = bx // C
+            base = (bx % C) * S
+            nb = T.if_then_else(bx % C == C - 1, last, S)
+            for r, j in T.Parallel(1, S):
+                xr[r, j] = T.if_then_else(
+                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
+            for r, j in T.Parallel(1, S):
+                d[r, j] = T.cast(xr[r, j], F32)
+            T.reduce_sum(d, s1, dim=1)
+            for r, j in T.Parallel(1, S):
+                d[r, j] = T.if_then_else(base + j < N, (T.cast(xr[r, j], F32) - s1[0] / nb) * (
+                    T.cast(xr[r, j], F32) - s1[0] / nb), 0.0)
+            T.reduce_sum(d, s2, dim=1)
+            mine[0] = s1[0]
+            mine[1] = s2[0]
+            T.cluster_wait()
+            for p in T.serial(C):
+                T.copy_cluster(mine[0:2], slots[bx % C, 0:2], dst_block=p)
+            T.cluster_sync()
+            s1[0] = 0.0
+            for p in T.serial(C):
+                s1[0] += slots[p, 0]
+            s1[0] = s1[0] / N  # the row's mean
+            s2[0] = 0.0
+            for p in T.serial(C):
+                s2[0] += slots[p, 1] + T.if_then_else(p == C - 1, last, S) * (
+                    slots[p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0]) * (
+                    slots[p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0])
+            s2[0] = T.rsqrt(s2[0] / N + eps)  # s2 now holds rstd
+            for r, j in T.Parallel(1, S):
+                if base + j < N:
+                    Y[T.cast(row, "int64") * syv * vec + base + j] = T.cast(
+                        _affine((T.cast(xr[r, j], F32) - s1[0]) * s2[0], W, B, base + j, has_w, has_b), dt)
+            if bx % C == 0:
+                MEAN[row] = s1[0]
+                RSTD[row] = s2[0]
+
+    return main
+
+
+BUILDERS = {"cluster": rms_norm_cluster, "layer_norm_cluster": layer_norm_cluster}

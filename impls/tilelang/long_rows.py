@@ -1,0 +1,64 @@
+"""Long-row TileLang kernels: a row over a thread-block cluster (sm_90), partial statistics
+exchanged through distributed shared memory, x read once (_long_programs, _long_plan)."""
+from __future__ import annotations
+
+import torch
+
+from impls.base import NormOutputs, cuda_present, dtype_name
+from impls.registry import register
+from impls.tilelang._kernel import TileLangKernel
+from impls.tilelang._long_plan import MAX_CLUSTER, cluster_max_n
+from impls.tilelang.plan import choose_vec
+
+
+class _ClusterKernel(TileLangKernel):
+    # Every block sums the cluster's partials in rank order, with one plan for every M.
+    batch_invariant = True
+    longer_rows_note: str | None = None
+
+    def unsupported(self, spec) -> str | None:
+        vec = choose_vec(spec.dtype, spec.n, (spec.row_stride, spec.n) if spec.rows > 1 else ())
+        most = cluster_max_n(self.variant, dtype_name(spec.dtype), vec)
+        if spec.n > most:
+            return (f"N={spec.n} exceeds {self.name}'s register capacity at {vec}-element accesses "
+                    f"(max {most}: {MAX_CLUSTER} blocks)" + (self.longer_rows_note or ""))
+        reason = super().unsupported(spec)
+        if reason is None and spec.device == "cuda" and cuda_present() and torch.cuda.get_device_capability()[0] < 9:
+            reason = f"{self.name} launches thread-block clusters: sm_90 or newer"
+        return reason
+
+    def offline_builds(self) -> tuple:
+        full = "weight_bias" if self.op == "layer_norm" else "weight"
+        longs = [(dt, n, full, None) for dt in ("float32", "float16", "bfloat16") for n in (65536, 131072, 262144)]
+        longs += [("bfloat16", n, full, None) for n in (65537, 100000, 262143)
+                  if n <= cluster_max_n(self.variant, "bfloat16", choose_vec(torch.bfloat16, n))]
+        return super().offline_builds() + tuple(longs)
+
+
+@register
+class TileLangRMSNormCluster(_ClusterKernel):
+    """One read of x: the row over a cluster of up to 8 blocks, each holding its segment in
+    registers; the blocks' sums of squares meet in distributed shared memory."""
+
+    op = "rms_norm"
+    variant = "cluster"
+    longer_rows_note = "; tilelang.splitk covers it"
+    outputs = ("y", "rstd")
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+        plan = self._launch_plan(x, out.y, weight)
+        self._run(plan, x, weight, None, eps, out, with_bias=False)
+
+
+@register
+class TileLangLayerNormCluster(_ClusterKernel):
+    """As tilelang.cluster for LayerNorm: each block's sum and its sum of squares about its own
+    mean meet in distributed shared memory and merge exactly (no E[x^2] - E[x]^2)."""
+
+    op = "layer_norm"
+    variant = "layer_norm_cluster"
+    outputs = ("y", "mean", "rstd")
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+        plan = self._launch_plan(x, out.y, weight, bias)
+        self._run(plan, x, weight, bias, eps, out, with_bias=True)

@@ -1,0 +1,190 @@
+"""Long rows on the GPU: the candidate kernels at N = 65536, 131072, 262144, each as % of a copy
+timed in the same process (harness.timing, as harness.measure times), with a float64 check of
+sampled rows, a repeat compared bit for bit and the first rows run alone (batch invariance).
+
+    python -m tools.long_row_probe --out "$OUT" [--ops rms_norm,layer_norm] [--dtype bfloat16]
+
+Candidates run in tiers (the new kernels first, then the baselines and alternative launch
+settings), and the probe stops starting new ones after --budget seconds. M: x of about 1 GiB
+(--bench-rows: the benchmark's M, harness.shapes.bandwidth_rows, 2^31 elements and more at
+N >= 131072). Writes long_rows.json and long_rows.txt under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from harness import timing
+from harness.cases import DTYPES, Case, make_inputs
+from harness.shapes import bandwidth_rows
+from impls import registry
+from impls.base import UnsupportedCase, dtype_name, spec_of
+
+SAMPLE_ROWS = 8  # rows checked against float64 (the first ones; the last row too)
+
+
+def _triton_split(op, depth=1, block_n=None, warps=None):
+    from impls.triton.settings import LaunchConfig
+
+    k = copy.copy(registry.get(op, "triton", "split"))
+    k.__dict__.pop("_plans", None)  # the copy's own fast-path plans
+    k.depth = depth
+    if block_n:
+        k.config = lambda n, dtype, m=None: LaunchConfig(block_n=block_n, rows=1, num_warps=warps)
+    return k
+
+
+def _tilelang_cluster(op, threads=None, vectors=None, bound=True):
+    from impls.tilelang._long_plan import cluster_plan
+
+    variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
+    k = copy.copy(registry.get(op, "tilelang", variant))
+    k.__dict__.pop("_plans", None)
+    if threads or vectors or not bound:
+        k.plan_for = lambda dtype, n, hw, hb, vec, m=None: cluster_plan(variant, dtype, n, hw, hb, vec, threads, vectors,
+                                                                        bound)
+    return k
+
+
+def candidates(op: str) -> list[tuple[int, str, object]]:
+    """(tier, label, factory)."""
+    name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
+    c = [
+        (1, name, lambda: _tilelang_cluster(op)),
+        (1, "triton.split", lambda: _triton_split(op)),
+        (1, "triton.split depth=2", lambda: _triton_split(op, depth=2)),
+        (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
+        (2, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),
+        (2, "triton.split 8192x8w depth=2", lambda: _triton_split(op, 2, 8192, 8)),
+        (2, f"{name} 1024 threads", lambda: _tilelang_cluster(op, threads=1024)),
+        (3, f"{name} no launch bound", lambda: _tilelang_cluster(op, bound=False)),
+        (3, f"{name} 256 threads", lambda: _tilelang_cluster(op, threads=256)),
+        (3, f"{name} 8 vectors", lambda: _tilelang_cluster(op, vectors=8)),
+    ]
+    if op == "rms_norm":
+        c.append((2, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))
+    return c
+
+
+def reference(op, x, w, b, eps):
+    x = x.double()
+    if op == "rms_norm":
+        rstd = torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+        y = x * rstd
+    else:
+        mean = x.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(((x - mean) ** 2).mean(-1, keepdim=True) + eps)
+        y = (x - mean) * rstd
+    if w is not None:
+        y = y * w.double()
+    if b is not None:
+        y = y + b.double()
+    return y, rstd.squeeze(-1)
+
+
+def check(op, kernel, x, w, b, eps, out) -> dict:
+    rows = list(range(SAMPLE_ROWS)) + [x.shape[0] - 1]
+    ref_y, ref_rstd = reference(op, x[rows], w, b, eps)
+    y = out.y[rows].double()
+    scale = ref_y.abs().max().item()
+    err = (y - ref_y).abs().max().item()
+    rstd_rel = ((out.rstd.reshape(-1)[rows].double() - ref_rstd).abs() / ref_rstd).max().item()
+    again = kernel(x, w, b, eps)
+    alone = kernel(x[:SAMPLE_ROWS].contiguous(), w, b, eps)
+    tol = 2 ** -7 if x.dtype != torch.float32 else 1e-5  # about one bf16 ulp of y; fp32: 1e-5
+    return {"y_max_abs_err": err, "y_max_abs": scale, "rstd_max_rel_err": rstd_rel,
+            "ok": err <= tol * max(scale, 1.0) and rstd_rel <= 1e-4,
+            "repeat_bitwise": bool(torch.equal(again.y, out.y)),
+            "alone_bitwise": bool(torch.equal(alone.y, out.y[:SAMPLE_ROWS]))}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.long_row_probe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--ops", default="rms_norm,layer_norm")
+    p.add_argument("--dtype", default="bfloat16", choices=tuple(DTYPES))
+    p.add_argument("--ns", default="65536,131072,262144")
+    p.add_argument("--tiers", type=int, default=3)
+    p.add_argument("--budget", type=float, default=110.0, help="seconds after which no candidate starts")
+    p.add_argument("--bench-rows", action="store_true", help="the benchmark's M instead of x of about 1 GiB")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    registry.load_all()
+    dtype = DTYPES[args.dtype]
+    tools = timing.GpuTools()
+    ceiling = timing.copy_ceiling_gbps("cuda", tools)[0]
+    ops, ns = args.ops.split(","), [int(v) for v in args.ns.split(",")]
+    inputs = {}
+    rows, lines = [], [f"{torch.cuda.get_device_name()}  copy {ceiling:.0f} GB/s  dtype {args.dtype}"]
+
+    def save():
+        doc = {"gpu": torch.cuda.get_device_name(), "copy_gbps": ceiling, "dtype": args.dtype, "results": rows,
+               "seconds": round(time.perf_counter() - t0, 1)}
+        (out_dir / "long_rows.json").write_text(json.dumps(doc, indent=1))
+        (out_dir / "long_rows.txt").write_text("\n".join(lines) + "\n")
+
+    for tier in range(1, args.tiers + 1):
+        for op in ops:
+            for n in ns:
+                if (op, n) not in inputs:
+                    m = bandwidth_rows(n) if args.bench_rows else max(1, 2**30 // (n * dtype.itemsize))
+                    inputs[op, n] = make_inputs(Case(op, dtype_name(dtype), (m, n)), "cuda")
+                d = inputs[op, n]
+                x, w, b, eps = d.x, d.weight, d.bias, d.eps
+                m = x.shape[0]
+                for t, label, make in candidates(op):
+                    if t != tier:
+                        continue
+                    r = {"op": op, "n": n, "m": m, "kernel": label}
+                    if time.perf_counter() - t0 > args.budget:
+                        r["skipped"] = "budget"
+                    else:
+                        try:
+                            kernel = make()
+                            spec = spec_of(op, x, "cuda", w, b)
+                            why = kernel.unsupported(spec)
+                            if why:
+                                raise UnsupportedCase(why)
+                            c0 = time.perf_counter()
+                            kernel.prepare(spec)
+                            o = kernel(x, w, b, eps)
+                            torch.cuda.synchronize()
+                            r["compile_s"] = round(time.perf_counter() - c0, 1)
+                            ms = timing.gpu_time_ms(kernel.bench_callable(x, w, b, eps, o), tools)
+                            nbytes = timing.bytes_moved(m, n, dtype, w is not None, b is not None,
+                                                        len({"mean", "rstd"} & set(kernel.outputs)))
+                            r.update(ms=ms, gbps=nbytes / ms / 1e6, pct_of_copy=100 * nbytes / ms / 1e6 / ceiling)
+                            r.update(check(op, kernel, x, w, b, eps, o))
+                        except UnsupportedCase as exc:
+                            r["skipped"] = str(exc)
+                        except Exception as exc:  # noqa: BLE001 (one candidate's failure is a result)
+                            r["error"] = f"{type(exc).__name__}: {exc}"[:800]
+                            r["traceback"] = traceback.format_exc()[-3000:]
+                            torch.cuda.synchronize()
+                    rows.append(r)
+                    if "pct_of_copy" in r:
+                        line = (f"{op:10s} {m}x{n:<7d} {label:42s} {r['pct_of_copy']:6.1f}%  {r['ms']:.3f} ms  "
+                                f"err {r['y_max_abs_err']:.2e} ok={r['ok']} repeat={r['repeat_bitwise']} "
+                                f"alone={r['alone_bitwise']}  compile {r['compile_s']}s")
+                    else:
+                        line = f"{op:10s} {m}x{n:<7d} {label:42s} " + (r.get("skipped") or r.get("error", ""))[:300]
+                    print(line, flush=True)
+                    lines.append(line)
+                    save()
+    lines.append(f"total {time.perf_counter() - t0:.0f} s")
+    save()
+    print(lines[-1])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
