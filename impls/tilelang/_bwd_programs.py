@@ -6,8 +6,9 @@ access guarded, raw rows loaded in the input dtype).
 One block per ``plan.block_m`` rows, one row at a time with the whole padded row in register
 fragments. Per row: c1 = sum(g x^) (and for LayerNorm c2 = sum(g)) with g = dy w and x^ from the
 forward's saved mean and rstd, then dx; dy x^ (and dy) accumulated over the block's rows in
-float32 fragments, written once as row ``bx`` of the dw (db) partials. The partials' sum over
-blocks is the caller's (impls/tilelang/backward.py).
+float32 fragments, written once as row ``bx`` of the partials (dw's N columns, then db's). The
+partials' sum over blocks is the caller's (impls/tilelang/backward.py). ``BM`` (rows per block)
+is a run-time value: the grid is the partials' row count.
 
 Registers decide the speed (occupancy is what keeps loads in flight): only the raw rows (in the
 input dtype) and the accumulators live across the row's reductions; x^ and g are recomputed from
@@ -25,7 +26,7 @@ from impls.tilelang._programs import F32, _row_layout, _signature_sizes
 def norm_bwd(plan):
     N, P, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     NW, _ = _signature_sizes(plan)
-    M, G, GB = T.dynamic("M"), T.dynamic("G"), T.dynamic("GB")
+    M, G = T.dynamic("M"), T.dynamic("G")
     LX, LD, LDX = T.dynamic("LX"), T.dynamic("LD"), T.dynamic("LDX")
     is_ln, has_w, has_b, pre = plan.variant == "layer_norm_bwd", plan.has_weight, plan.has_bias, plan.prefetch
 
@@ -35,7 +36,7 @@ def norm_bwd(plan):
     @T.prim_func
     def main(
         X: T.Tensor((LX,), dt), DY: T.Tensor((LD,), dt), W: T.Tensor((NW,), dt), MEAN: T.Tensor((M,), F32),
-        RSTD: T.Tensor((M,), F32), DX: T.Tensor((LDX,), dt), DWP: T.Tensor((G, N), F32), DBP: T.Tensor((GB, N), F32),
+        RSTD: T.Tensor((M,), F32), DX: T.Tensor((LDX,), dt), DP: T.Tensor((G, N * (2 if has_b else 1)), F32),
         sxv: T.int64, sdyv: T.int64, sdxv: T.int64, BM: T.int32,
     ):
         with T.Kernel(G, threads=plan.threads) as bx:
@@ -110,10 +111,10 @@ def norm_bwd(plan):
                         dyr[r, j] = dyn[r, j]
             for r, j in T.Parallel(1, P):
                 if j < N:
-                    DWP[bx, j] = adw[r, j]
+                    DP[bx, j] = adw[r, j]
             if has_b:
                 for r, j in T.Parallel(1, P):
                     if j < N:
-                        DBP[bx, j] = adb[r, j]
+                        DP[bx, N + j] = adb[r, j]
 
     return main

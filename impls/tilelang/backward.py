@@ -73,7 +73,10 @@ def backward_plan(op: str, dtype, n: int, has_weight: bool, vec: int, has_bias: 
     dt = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     has_bias = op == "layer_norm" if has_bias is None else has_bias and op == "layer_norm"
     per_thread = vectors or BWD_VECTORS
-    tpr = min(BWD_MAX_THREADS, max(32, next_pow2(cdiv(cdiv(n, vec), per_thread))))
+    # Narrow vectors (odd N or strides) hold more elements a thread: at 1024 threads (64 registers)
+    # they spill, so half that.
+    most = BWD_MAX_THREADS if vec * torch.finfo(getattr(torch, dt)).bits == 128 else BWD_MAX_THREADS // 2
+    tpr = min(most, max(32, next_pow2(cdiv(cdiv(n, vec), per_thread))))
     padded = cdiv(n, tpr * vec) * tpr * vec
     vpt = padded // (tpr * vec)
     if min_blocks is None:
@@ -135,18 +138,19 @@ def run_backward_plan(plan: BwdPlan, x, weight, dy, saved: NormOutputs, out: Nor
     m, n = x.shape
     compiled = compiler.compile_plan(plan)
     rows = plan.rows_per_block(m, x.device)
-    groups = cdiv(m, rows)
-    f32 = dict(dtype=torch.float32, device=x.device)
-    dwp = torch.empty(groups, n, **f32)
-    dbp = torch.empty(groups if plan.has_bias else 1, n, **f32)  # never written without db
+    # One partial buffer (dw's columns, then db's): one torch reduction for both.
+    parts = torch.empty(cdiv(m, rows), n * (2 if plan.has_bias else 1), dtype=torch.float32, device=x.device)
     w = weight if weight is not None else x.new_zeros(1)
     mean = saved.mean if saved.mean is not None else saved.rstd  # RMSNorm: never read
     v = plan.vec
     with torch.cuda.device(x.device):
-        compiled.kernel(_flat(x), _flat(dy), w, mean, saved.rstd, _flat(out.dx), dwp, dbp,
+        compiled.kernel(_flat(x), _flat(dy), w, mean, saved.rstd, _flat(out.dx), parts,
                         x.stride(0) // v if m > 1 else 0, dy.stride(0) // v if m > 1 else 0,
                         out.dx.stride(0) // v if m > 1 else 0, rows)
+    if out.dw is None and out.db is None:
+        return
+    sums = parts.sum(0)
     if out.dw is not None:
-        out.dw.copy_(dwp.sum(0))
+        out.dw.copy_(sums[:n])
     if out.db is not None:
-        out.db.copy_(dbp.sum(0))
+        out.db.copy_(sums[n:])
