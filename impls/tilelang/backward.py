@@ -48,7 +48,7 @@ class BwdPlan(Plan):
         return (super().describe().replace("row(s)/block", f"concurrent row(s), {rows}")
                 + f", min_blocks {self.min_blocks}, prefetch {self.prefetch}")
 
-    def rows_per_block(self, m: int, device) -> int:
+    def block_rows(self, m: int, device) -> int:
         if self.block_m:
             return self.block_m
         return cdiv(m, _sm_count(device) * self.min_blocks)
@@ -95,11 +95,14 @@ class TileLangBackward:
     """Mixin of TileLangKernel: ``_backward``, and the backward's offline builds."""
 
     backward_nondeterministic = None
-    backward_batch_invariant = True  # one plan for every M; each row's dx alone in its block
+    # dx: one plan for every M, each row's dx alone (rows per block follow M, dx's bits do not);
+    # dw and db are sums over the batch, grouped by rows per block.
+    backward_batch_invariant = True
 
-    # (dtype, N, affine): a padded N with 16-byte vectors, the capacity edge (the most registers),
-    # and for LayerNorm an odd N (scalar accesses; the program is the same for both ops).
-    BACKWARD_BUILDS = (("bfloat16", 4000, "full"), ("bfloat16", BWD_MAX_N, "full"))
+    # (dtype, N, affine): the fewest threads (128 at the 64-register bound), a padded N with
+    # 16-byte vectors, the capacity edge (1024 threads), and for LayerNorm an odd N (scalar
+    # accesses; the program is the same for both ops).
+    BACKWARD_BUILDS = (("bfloat16", 1024, "full"), ("bfloat16", 4000, "full"), ("bfloat16", BWD_MAX_N, "full"))
     BACKWARD_BUILDS_LN = (("float32", 769, "full"),)
 
     def backward_builds(self) -> tuple:
@@ -137,7 +140,7 @@ def run_backward_plan(plan: BwdPlan, x, weight, dy, saved: NormOutputs, out: Nor
     times several)."""
     m, n = x.shape
     compiled = compiler.compile_plan(plan)
-    rows = plan.rows_per_block(m, x.device)
+    rows = plan.block_rows(m, x.device)
     # One partial buffer (dw's columns, then db's): one torch reduction for both.
     parts = torch.empty(cdiv(m, rows), n * (2 if plan.has_bias else 1), dtype=torch.float32, device=x.device)
     w = weight if weight is not None else x.new_zeros(1)
