@@ -153,7 +153,5 @@ def run_backward_plan(plan: BwdPlan, x, weight, dy, saved: NormOutputs, out: Nor
     if out.dw is None and out.db is None:
         return
     sums = parts.sum(0)
-    if out.dw is not None:
-        out.dw.copy_(sums[:n])
-    if out.db is not None:
-        out.db.copy_(sums[n:])
+    pairs = [(t, s) for t, s in ((out.dw, sums[:n]), (out.db, sums[n:])) if t is not None]
+    torch._foreach_copy_([t for t, _ in pairs], [s for _, s in pairs])  # one launch for dw and db
