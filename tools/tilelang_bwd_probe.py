@@ -27,19 +27,26 @@ from impls.tilelang.plan import choose_vec
 
 SHAPES = ((65536, 1024), (32768, 2048), (16384, 4096), (16384, 8192))
 VARIANT = {"rms_norm": "fragment", "layer_norm": "layer_norm_fwd"}
-# name -> backward_plan overrides. "v1" (before this tool): 2 vectors per thread, 32 rows per
-# block, no prefetch, no launch bound (ptxas then took 128 registers at N = 1024).
+# name -> backward_plan overrides; "v1" is the old program itself (tools/_tilelang_bwd_v1.py);
+# "v1-like" the new program in the old plan's shape: 2 vectors per thread, 32 rows per block, no
+# prefetch, no launch bound.
 CANDIDATES = {
+    "v1": None,
     "rule": {},
     "v1-like": dict(vectors=2, block_m=32, prefetch=False, min_blocks=1),
     "fixed32": dict(block_m=32),
     "noprefetch-48": dict(prefetch=False, regs=48),
     "prefetch-48": dict(regs=48),
+    "prefetch-56": dict(regs=56),
     "2vec-nobound": dict(vectors=2, min_blocks=1),  # 512 threads at 8192; ptxas takes ~116 registers
 }
 
 
 def plan_of(op: str, n: int, name: str):
+    if CANDIDATES[name] is None:
+        from tools._tilelang_bwd_v1 import v1_plan
+
+        return v1_plan(op, n, choose_vec(torch.bfloat16, n))
     kw = dict(CANDIDATES[name])
     regs = kw.pop("regs", None)
     dt = torch.bfloat16
@@ -52,6 +59,22 @@ def plan_of(op: str, n: int, name: str):
 
 def all_plans(ops, shapes):
     return [(op, m, n, name, plan_of(op, n, name)) for op in ops for m, n in shapes for name in CANDIDATES]
+
+
+def compiled_of(name: str, plan):
+    if CANDIDATES[name] is None:
+        from tools._tilelang_bwd_v1 import v1_kernel
+
+        return compiler.Compiled(plan, compiler.default_target(), v1_kernel(plan), 0.0)
+    return compiler.compile_plan(plan)
+
+
+def runner(name: str, plan, x, w, dy, saved, out):
+    if CANDIDATES[name] is None:
+        from tools._tilelang_bwd_v1 import run_v1
+
+        return lambda: run_v1(plan, x, w, dy, saved, out)
+    return lambda: run_backward_plan(plan, x, w, dy, saved, out)
 
 
 def oracle(op, x, w, b, dy, eps):
@@ -81,12 +104,12 @@ def main(argv=None) -> int:
     ops = args.ops.split(",")
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     plans = all_plans(ops, shapes)
-    unique = list(dict.fromkeys(pl for *_, pl in plans))
+    unique = list(dict.fromkeys((name, pl) for *_, name, pl in plans))
     if args.compile_part:
         i, k = map(int, args.compile_part.split("/"))
-        for plan in unique[i::k]:
+        for name, plan in unique[i::k]:
             try:
-                compiler.ptxas_report(compiler.compile_plan(plan))  # cached on disk for the timing process
+                compiler.ptxas_report(compiled_of(name, plan))  # cached on disk for the timing process
             except compiler.TileLangCompileError as exc:
                 print(f"compile failed: {exc}", flush=True)
         return 0
@@ -122,7 +145,7 @@ def main(argv=None) -> int:
                 if (o, mm, nn) != (op, m, n):
                     continue
                 try:
-                    fn = lambda: run_backward_plan(plan, x, w, dy, saved, out)  # noqa: E731
+                    fn = runner(name, plan, x, w, dy, saved, out)
                     fn()
                     torch.cuda.synchronize()
                 except Exception as exc:  # noqa: BLE001 (a candidate that fails is reported, not fatal)
@@ -135,15 +158,16 @@ def main(argv=None) -> int:
                 us = timing.gpu_time_ms(fn, tools, rounds=args.rounds, warmup=2) * 1e3
                 pct = 100 * nbytes / us / 1e3 / ceiling
                 r = dict(op=op, m=m, n=n, candidate=name, plan=plan.describe(), threads=plan.threads,
-                         min_blocks=plan.min_blocks, block_m=plan.block_m, prefetch=plan.prefetch,
+                         min_blocks=plan.min_blocks, block_m=getattr(plan, "block_m", 32),
+                         prefetch=getattr(plan, "prefetch", False),
                          us=us, pct=pct, errors=errs, correct=ok)
                 try:
-                    rep = compiler.ptxas_report(compiler.compile_plan(plan))
+                    rep = compiler.ptxas_report(compiled_of(name, plan))
                     r.update(registers=rep.registers, spill_stores=rep.spill_stores)
                 except Exception:  # noqa: BLE001 (ptxas report only informative)
                     pass
                 results.append(r)
-                print(f"{op:<10} {m:>6}x{n:<5} {name:<14} thr={plan.threads:<4} mb={plan.min_blocks:<2} "
+                print(f"{op:<10} {m:>6}x{n:<5} {name:<14} thr={plan.threads:<4} mb={plan.min_blocks!s:<4} "
                       f"regs={r.get('registers')!s:<4} {us:8.1f} us {pct:5.1f}% of copy  "
                       + " ".join(f"{k}={v:.1e}" for k, v in errs.items()) + ("" if ok else "  WRONG"), flush=True)
             torch.cuda.empty_cache()
