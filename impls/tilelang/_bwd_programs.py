@@ -13,8 +13,9 @@ is a run-time value: the grid is the partials' row count.
 Registers decide the speed (occupancy is what keeps loads in flight): only the raw rows (in the
 input dtype) and the accumulators live across the row's reductions; x^ and g are recomputed from
 the raw rows where they are used. Padded lanes and rows past M load as zero, so g, and with it
-every term they add to c1, c2, dw and db, is zero there. With ``plan.prefetch`` the next row's x
-and dy are loaded before this row's reductions, so their latency overlaps this row's work.
+every term they add to c1, c2, dw and db, is zero there. With ``plan.prefetch`` the next row's x,
+dy, mean and rstd are loaded before this row's reductions, so their latency overlaps this row's
+work.
 """
 
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
@@ -53,6 +54,8 @@ def norm_bwd(plan):
             c2 = T.alloc_fragment((1,), F32)
             mean = T.alloc_fragment((1,), F32)
             rstd = T.alloc_fragment((1,), F32)
+            meann = T.alloc_fragment((1,), F32)  # the next row's (prefetch only)
+            rstdn = T.alloc_fragment((1,), F32)
             T.annotate_layout({b: _row_layout(plan, 1, P) for b in (xr, dyr, xn, dyn, t, adw, adb)})
             for r, j in T.Parallel(1, P):
                 adw[r, j] = 0.0
@@ -66,6 +69,8 @@ def norm_bwd(plan):
                 for r, j in T.Parallel(1, P):
                     dyr[r, j] = T.if_then_else(
                         (j < N) & (bx * BM < M), DY[T.cast(bx, "int64") * BM * sdyv * vec + j], T.cast(0, dt))
+                rstd[0] = T.if_then_else(bx * BM < M, RSTD[bx * BM], 0.0)
+                mean[0] = T.if_then_else(bx * BM < M, MEAN[bx * BM], 0.0) if is_ln else 0.0
             for i in T.serial(BM):
                 row = bx * BM + i
                 # x and dy in separate loops: one store per loop keeps TileLang's 16-byte vectors.
@@ -78,6 +83,9 @@ def norm_bwd(plan):
                         dyn[r, j] = T.if_then_else(
                             (j < N) & (row + 1 < M) & (i + 1 < BM),
                             DY[T.cast(row + 1, "int64") * sdyv * vec + j], T.cast(0, dt))
+                    # The statistics too: a load waited on at every row otherwise.
+                    rstdn[0] = T.if_then_else((row + 1 < M) & (i + 1 < BM), RSTD[row + 1], 0.0)
+                    meann[0] = T.if_then_else((row + 1 < M) & (i + 1 < BM), MEAN[row + 1], 0.0) if is_ln else 0.0
                 else:
                     for r, j in T.Parallel(1, P):
                         xr[r, j] = T.if_then_else(
@@ -85,8 +93,8 @@ def norm_bwd(plan):
                     for r, j in T.Parallel(1, P):
                         dyr[r, j] = T.if_then_else(
                             (j < N) & (row < M), DY[T.cast(row, "int64") * sdyv * vec + j], T.cast(0, dt))
-                rstd[0] = T.if_then_else(row < M, RSTD[row], 0.0)
-                mean[0] = T.if_then_else(row < M, MEAN[row], 0.0) if is_ln else 0.0
+                    rstd[0] = T.if_then_else(row < M, RSTD[row], 0.0)
+                    mean[0] = T.if_then_else(row < M, MEAN[row], 0.0) if is_ln else 0.0
                 for r, j in T.Parallel(1, P):
                     t[r, j] = T.cast(dyr[r, j], F32) * w_of(W, j) * ((T.cast(xr[r, j], F32) - mean[0]) * rstd[0])
                 T.reduce_sum(t, c1, dim=1)
@@ -109,6 +117,8 @@ def norm_bwd(plan):
                         xr[r, j] = xn[r, j]
                     for r, j in T.Parallel(1, P):
                         dyr[r, j] = dyn[r, j]
+                    rstd[0] = rstdn[0]
+                    mean[0] = meann[0]
             for r, j in T.Parallel(1, P):
                 if j < N:
                     DP[bx, j] = adw[r, j]
