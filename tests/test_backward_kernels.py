@@ -7,6 +7,8 @@ Triton runs under its interpreter without a GPU; its long-row form (a row-statis
 column blocks) is forced on small N through an explicit launch setting. Determinism and dx's batch
 invariance, which the Triton backward claims, are checked bitwise here too.
 """
+import re
+
 import pytest
 import torch
 
@@ -212,6 +214,45 @@ def test_tilelang_backward_is_declared_once_per_op_and_refused_without_a_gpu():
         kernel = registry.get(op, "tilelang", variant)
         for has_w, has_b in AFFINE[op]:
             _check(op, kernel, 17, 1000, torch.bfloat16, has_w, has_b, stride=1008)
+
+
+def test_tilelang_backward_plan_rule(monkeypatch):
+    """One vector a thread (up to 1024 threads at 16-byte vectors, 512 narrower), a launch bound
+    aiming ptxas at 64 registers, db's partials only where db is asked for, and rows per block
+    filling one wave of the GPU unless the plan fixes them."""
+    from impls.tilelang import backward as bwd
+
+    rms = bwd.backward_plan("rms_norm", torch.bfloat16, 1024, True, 8, has_bias=True)
+    assert not rms.has_bias and rms.threads == 128 and rms.min_blocks == 8 and rms.prefetch
+    assert bwd.backward_plan("layer_norm", torch.bfloat16, 1024, True, 8).has_bias
+    assert not bwd.backward_plan("layer_norm", torch.bfloat16, 1024, True, 8, has_bias=False).has_bias
+    wide = bwd.backward_plan("rms_norm", torch.bfloat16, bwd.BWD_MAX_N, True, 8)
+    assert wide.threads == 1024 and wide.min_blocks == 1 and wide.padded == bwd.BWD_MAX_N
+    assert bwd.backward_plan("rms_norm", torch.bfloat16, 8191, True, 1).threads == 512
+    monkeypatch.setattr(bwd, "_SMS", {0: 132})
+    assert rms.block_m is None and rms.block_rows(65536, "cuda:0") == 65536 // (132 * 8) + 1
+    assert rms.block_rows(5, "cuda:0") == 1
+    fixed = bwd.backward_plan("rms_norm", torch.bfloat16, 1024, True, 8, block_m=32)
+    assert fixed.block_rows(65536, "cuda:0") == fixed.block_rows(7, "cuda:0") == 32
+
+
+def test_tilelang_backward_loads_16_byte_vectors():
+    """x and dy load as 16-byte vectors (two stores in one parallel loop had made TileLang's
+    vectorizer fall back to 4-byte loads), under the plan's launch bound; RMSNorm's program
+    keeps no db accumulator."""
+    from impls.tilelang import compiler
+    from impls.tilelang.backward import backward_plan
+
+    tl, why = compiler.tilelang_module()
+    if tl is None or compiler.nvcc_path() is None:
+        pytest.skip(why or "nvcc not found")
+    for op in ("rms_norm", "layer_norm"):
+        plan = backward_plan(op, torch.bfloat16, 1024, True, 8)
+        src = compiler.compile_plan(plan, compiler.SM90).source()
+        for t in ("X", "DY"):
+            assert f"*(uint4*)({t} + " in src and not re.search(rf"\*\(uint[12]\*\)\({t} \+", src), (op, t)
+        assert "__launch_bounds__(128, 8)" in src
+        assert ("adb[" in src) == (op == "layer_norm")
 
 
 def test_tilelang_backward_capacity_is_a_skip_reason_not_a_failure():

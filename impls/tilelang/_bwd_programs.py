@@ -3,75 +3,128 @@
 ``vec``, symbolic M, rows padded inside the kernel to ``plan.padded`` columns, every global
 access guarded, raw rows loaded in the input dtype).
 
-One block per BWD_BLOCK_M rows, one row at a time with the whole padded row in register
-fragments: x^ from the forward's saved mean and rstd (zero in padded lanes, so they never enter
-c1 = sum(g x^) or c2 = sum(g)), dx stored, and dy x^ and dy accumulated over the block's rows in
-float32 fragments, written as row ``bx`` of the dw/db partials. The partials' sum over blocks is
-the caller's (impls/tilelang/backward.py)."""
+One block per ``plan.block_m`` rows, one row at a time with the whole padded row in register
+fragments. Per row: c1 = sum(g x^) (and for LayerNorm c2 = sum(g)) with g = dy w and x^ from the
+forward's saved mean and rstd, then dx; dy x^ (and dy) accumulated over the block's rows in
+float32 fragments, written once as row ``bx`` of the partials (dw's N columns, then db's). The
+partials' sum over blocks is the caller's (impls/tilelang/backward.py). ``BM`` (rows per block)
+is a run-time value: the grid is the partials' row count.
+
+Registers decide the speed (occupancy is what keeps loads in flight): only the raw rows (in the
+input dtype) and the accumulators live across the row's reductions; x^ and g are recomputed from
+the raw rows where they are used. Padded lanes and rows past M load as zero, so g, and with it
+every term they add to c1, c2, dw and db, is zero there. With ``plan.prefetch`` the next row's x,
+dy, mean and rstd are loaded before this row's reductions, so their latency overlaps this row's
+work.
+"""
 
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
 import tilelang.language as T
 
 from impls.tilelang._programs import F32, _row_layout, _signature_sizes
-from impls.tilelang.plan import Plan
 
 
-def norm_bwd(plan: Plan, block_m: int):
+def norm_bwd(plan):
     N, P, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     NW, _ = _signature_sizes(plan)
-    M, G, LX, LD, LDX = T.dynamic("M"), T.dynamic("G"), T.dynamic("LX"), T.dynamic("LD"), T.dynamic("LDX")
-    is_ln, has_w = plan.variant == "layer_norm_bwd", plan.has_weight
+    M, G = T.dynamic("M"), T.dynamic("G")
+    LX, LD, LDX = T.dynamic("LX"), T.dynamic("LD"), T.dynamic("LDX")
+    is_ln, has_w, has_b, pre = plan.variant == "layer_norm_bwd", plan.has_weight, plan.has_bias, plan.prefetch
+
+    def w_of(W, j):
+        return T.cast(T.if_then_else(j < N, W[j], T.cast(0, dt)), F32) if has_w else 1.0
 
     @T.prim_func
     def main(
         X: T.Tensor((LX,), dt), DY: T.Tensor((LD,), dt), W: T.Tensor((NW,), dt), MEAN: T.Tensor((M,), F32),
-        RSTD: T.Tensor((M,), F32), DX: T.Tensor((LDX,), dt), DWP: T.Tensor((G, N), F32), DBP: T.Tensor((G, N), F32),
-        sxv: T.int64, sdyv: T.int64, sdxv: T.int64,
+        RSTD: T.Tensor((M,), F32), DX: T.Tensor((LDX,), dt), DP: T.Tensor((G, N * (2 if has_b else 1)), F32),
+        sxv: T.int64, sdyv: T.int64, sdxv: T.int64, BM: T.int32,
     ):
-        with T.Kernel(T.ceildiv(M, block_m), threads=plan.threads) as bx:
+        with T.Kernel(G, threads=plan.threads) as bx:
+            if plan.min_blocks:
+                T.annotate_min_blocks_per_sm(plan.min_blocks)
             xr = T.alloc_fragment((1, P), dt)
             dyr = T.alloc_fragment((1, P), dt)
-            xh = T.alloc_fragment((1, P), F32)
-            g = T.alloc_fragment((1, P), F32)
-            gx = T.alloc_fragment((1, P), F32)
+            xn = T.alloc_fragment((1, P), dt)  # the next row (prefetch only)
+            dyn = T.alloc_fragment((1, P), dt)
+            t = T.alloc_fragment((1, P), F32)  # a reduction's input
             adw = T.alloc_fragment((1, P), F32)
             adb = T.alloc_fragment((1, P), F32)
             c1 = T.alloc_fragment((1,), F32)
             c2 = T.alloc_fragment((1,), F32)
             mean = T.alloc_fragment((1,), F32)
             rstd = T.alloc_fragment((1,), F32)
-            T.annotate_layout({t: _row_layout(plan, 1, P) for t in (xr, dyr, xh, g, gx, adw, adb)})
+            meann = T.alloc_fragment((1,), F32)  # the next row's (prefetch only)
+            rstdn = T.alloc_fragment((1,), F32)
+            T.annotate_layout({b: _row_layout(plan, 1, P) for b in (xr, dyr, xn, dyn, t, adw, adb)})
             for r, j in T.Parallel(1, P):
                 adw[r, j] = 0.0
-                adb[r, j] = 0.0
-            for i in T.serial(block_m):
-                row = bx * block_m + i
-                rstd[0] = T.if_then_else(row < M, RSTD[row], 0.0)
-                mean[0] = T.if_then_else(row < M, MEAN[row], 0.0) if is_ln else 0.0
+            if has_b:
+                for r, j in T.Parallel(1, P):
+                    adb[r, j] = 0.0
+            if pre:  # the block's first row
                 for r, j in T.Parallel(1, P):
                     xr[r, j] = T.if_then_else(
-                        (j < N) & (row < M), X[T.cast(row, "int64") * sxv * vec + j], T.cast(0, dt))
+                        (j < N) & (bx * BM < M), X[T.cast(bx, "int64") * BM * sxv * vec + j], T.cast(0, dt))
+                for r, j in T.Parallel(1, P):
                     dyr[r, j] = T.if_then_else(
-                        (j < N) & (row < M), DY[T.cast(row, "int64") * sdyv * vec + j], T.cast(0, dt))
+                        (j < N) & (bx * BM < M), DY[T.cast(bx, "int64") * BM * sdyv * vec + j], T.cast(0, dt))
+                rstd[0] = T.if_then_else(bx * BM < M, RSTD[bx * BM], 0.0)
+                mean[0] = T.if_then_else(bx * BM < M, MEAN[bx * BM], 0.0) if is_ln else 0.0
+            for i in T.serial(BM):
+                row = bx * BM + i
+                # x and dy in separate loops: one store per loop keeps TileLang's 16-byte vectors.
+                if pre:
+                    for r, j in T.Parallel(1, P):
+                        xn[r, j] = T.if_then_else(
+                            (j < N) & (row + 1 < M) & (i + 1 < BM),
+                            X[T.cast(row + 1, "int64") * sxv * vec + j], T.cast(0, dt))
+                    for r, j in T.Parallel(1, P):
+                        dyn[r, j] = T.if_then_else(
+                            (j < N) & (row + 1 < M) & (i + 1 < BM),
+                            DY[T.cast(row + 1, "int64") * sdyv * vec + j], T.cast(0, dt))
+                    # The statistics too: a load waited on at every row otherwise.
+                    rstdn[0] = T.if_then_else((row + 1 < M) & (i + 1 < BM), RSTD[row + 1], 0.0)
+                    meann[0] = T.if_then_else((row + 1 < M) & (i + 1 < BM), MEAN[row + 1], 0.0) if is_ln else 0.0
+                else:
+                    for r, j in T.Parallel(1, P):
+                        xr[r, j] = T.if_then_else(
+                            (j < N) & (row < M), X[T.cast(row, "int64") * sxv * vec + j], T.cast(0, dt))
+                    for r, j in T.Parallel(1, P):
+                        dyr[r, j] = T.if_then_else(
+                            (j < N) & (row < M), DY[T.cast(row, "int64") * sdyv * vec + j], T.cast(0, dt))
+                    rstd[0] = T.if_then_else(row < M, RSTD[row], 0.0)
+                    mean[0] = T.if_then_else(row < M, MEAN[row], 0.0) if is_ln else 0.0
                 for r, j in T.Parallel(1, P):
-                    xh[r, j] = T.if_then_else(j < N, (T.cast(xr[r, j], F32) - mean[0]) * rstd[0], 0.0)
-                    g[r, j] = T.cast(dyr[r, j], F32) * T.cast(T.if_then_else(j < N, W[j], T.cast(0, dt)), F32) \
-                        if has_w else T.cast(dyr[r, j], F32)
-                for r, j in T.Parallel(1, P):
-                    gx[r, j] = g[r, j] * xh[r, j]
-                T.reduce_sum(gx, c1, dim=1)
+                    t[r, j] = T.cast(dyr[r, j], F32) * w_of(W, j) * ((T.cast(xr[r, j], F32) - mean[0]) * rstd[0])
+                T.reduce_sum(t, c1, dim=1)
                 if is_ln:
-                    T.reduce_sum(g, c2, dim=1)
+                    for r, j in T.Parallel(1, P):
+                        t[r, j] = T.cast(dyr[r, j], F32) * w_of(W, j)
+                    T.reduce_sum(t, c2, dim=1)
                 for r, j in T.Parallel(1, P):
                     if (j < N) & (row < M):
                         DX[T.cast(row, "int64") * sdxv * vec + j] = T.cast(
-                            (g[r, j] - (c2[0] / N if is_ln else 0.0) - xh[r, j] * (c1[0] / N)) * rstd[0], dt)
+                            (T.cast(dyr[r, j], F32) * w_of(W, j) - (c2[0] / N if is_ln else 0.0)
+                             - (T.cast(xr[r, j], F32) - mean[0]) * rstd[0] * (c1[0] / N)) * rstd[0], dt)
                 for r, j in T.Parallel(1, P):
-                    adw[r, j] += T.cast(dyr[r, j], F32) * xh[r, j]
-                    adb[r, j] += T.cast(dyr[r, j], F32)
+                    adw[r, j] += T.cast(dyr[r, j], F32) * ((T.cast(xr[r, j], F32) - mean[0]) * rstd[0])
+                if has_b:
+                    for r, j in T.Parallel(1, P):
+                        adb[r, j] += T.cast(dyr[r, j], F32)
+                if pre:
+                    for r, j in T.Parallel(1, P):
+                        xr[r, j] = xn[r, j]
+                    for r, j in T.Parallel(1, P):
+                        dyr[r, j] = dyn[r, j]
+                    rstd[0] = rstdn[0]
+                    mean[0] = meann[0]
             for r, j in T.Parallel(1, P):
                 if j < N:
-                    DWP[bx, j] = adw[r, j]
-                    DBP[bx, j] = adb[r, j]
+                    DP[bx, j] = adw[r, j]
+            if has_b:
+                for r, j in T.Parallel(1, P):
+                    if j < N:
+                        DP[bx, N + j] = adb[r, j]
 
     return main

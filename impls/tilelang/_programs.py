@@ -246,9 +246,8 @@ BUILDERS = {
 
 def _backward_builders():
     from impls.tilelang._bwd_programs import norm_bwd
-    from impls.tilelang.backward import BWD_BLOCK_M
 
-    return {v: (lambda plan: norm_bwd(plan, BWD_BLOCK_M)) for v in ("rms_norm_bwd", "layer_norm_bwd")}
+    return {v: norm_bwd for v in ("rms_norm_bwd", "layer_norm_bwd")}
 
 
 BUILDERS.update(_backward_builders())  # after the forward's: _bwd_programs imports from this module
