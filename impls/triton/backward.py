@@ -28,18 +28,17 @@ from impls.gpu_limits import cdiv, next_pow2
 # Launch settings: (op, bytes per element, tile width) -> (rows per program, rows per tile, warps[,
 # a cap on registers per thread for ptxas]). Rows per program is the rows of one dw/db partial:
 # from op, N and dtype only, so the grouping of rows into partials (and the reduction tree) never
-# moves with M. First choices from sm_90 register counts (comments: tools.triton_resources
-# --backward), not yet timed on a GPU (tools/bwd_probe.py times candidates); absent shapes take
-# the rule in backward_config.
+# moves with M. The 16-bit entries are the fastest of tools/bwd_probe.py's candidates on the H200
+# (bf16, 2026-12-02, docs/perf-notes.md item 35); absent shapes take the rule in backward_config.
 BWD_SETTINGS = {
-    ("rms_norm", 2, 1024): (128, 1, 4),  # 70 registers: 7 blocks per SM; 512 programs at M = 65536
-    ("rms_norm", 2, 2048): (64, 1, 8, 64),  # 4 blocks per SM (uncapped: 71 registers, 3)
-    ("rms_norm", 2, 4096): (64, 1, 16, 64),  # 2 blocks per SM (uncapped: 72 registers, 1)
-    ("rms_norm", 2, 8192): (64, 1, 16),  # 128 registers, 1 block per SM
-    ("layer_norm", 2, 1024): (128, 1, 4),  # 72 registers: 7 blocks per SM
-    ("layer_norm", 2, 2048): (64, 1, 8),  # 72 registers, 3 blocks per SM (a cap of 64 spills)
-    ("layer_norm", 2, 4096): (64, 1, 16),  # 82 registers, 1 block per SM (a cap of 64 spills)
-    ("layer_norm", 2, 8192): (64, 1, 16),  # 128 registers, 1 block per SM
+    ("rms_norm", 2, 1024): (32, 1, 4),
+    ("rms_norm", 2, 2048): (64, 1, 8, 64),
+    ("rms_norm", 2, 4096): (64, 1, 16, 64),
+    ("rms_norm", 2, 8192): (128, 1, 16),
+    ("layer_norm", 2, 1024): (32, 1, 4),
+    ("layer_norm", 2, 2048): (64, 1, 8, 64),  # the cap spills 8 bytes and is still the fastest
+    ("layer_norm", 2, 4096): (64, 1, 16, 64),  # likewise
+    ("layer_norm", 2, 8192): (128, 1, 16),
 }
 # The rule: at least BWD_BLOCK_M rows per program; tiles of about BWD_TILE_ELEMS values, at most
 # PER_THREAD float32 values per thread and at most MAX_WARPS warps.
