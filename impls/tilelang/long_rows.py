@@ -11,12 +11,21 @@ from impls.tilelang._long_plan import MAX_CLUSTER, cluster_max_n
 from impls.tilelang.plan import choose_vec
 
 
+# Shorter rows fit one block of the row-per-block kernels, which need no cluster barrier: the
+# cluster kernels are for long rows only (and their checks stay out of the short-row catalogue).
+CLUSTER_MIN_N = 16384
+
+
 class _ClusterKernel(TileLangKernel):
     # Every block sums the cluster's partials in rank order, with one plan for every M.
     batch_invariant = True
     longer_rows_note: str | None = None
+    shorter_rows_kernel = ""
 
     def unsupported(self, spec) -> str | None:
+        if spec.n < CLUSTER_MIN_N:
+            return (f"N={spec.n} < {CLUSTER_MIN_N}: {self.name} is a long-row kernel; "
+                    f"{self.shorter_rows_kernel} covers shorter rows")
         vec = choose_vec(spec.dtype, spec.n, (spec.row_stride, spec.n) if spec.rows > 1 else ())
         most = cluster_max_n(self.variant, dtype_name(spec.dtype), vec)
         if spec.n > most:
@@ -29,10 +38,11 @@ class _ClusterKernel(TileLangKernel):
 
     def offline_builds(self) -> tuple:
         full = "weight_bias" if self.op == "layer_norm" else "weight"
-        longs = [(dt, n, full, None) for dt in ("float32", "float16", "bfloat16") for n in (65536, 131072, 262144)]
+        longs = [("bfloat16", n, full, None) for n in (16384, 65536, 131072, 262144)]
+        longs += [(dt, 65536, full, None) for dt in ("float32", "float16")]
         longs += [("bfloat16", n, full, None) for n in (65537, 100000, 262143)
                   if n <= cluster_max_n(self.variant, "bfloat16", choose_vec(torch.bfloat16, n))]
-        return super().offline_builds() + tuple(longs)
+        return tuple(longs)
 
 
 @register
@@ -43,6 +53,7 @@ class TileLangRMSNormCluster(_ClusterKernel):
     op = "rms_norm"
     variant = "cluster"
     longer_rows_note = "; tilelang.splitk covers it"
+    shorter_rows_kernel = "tilelang.fragment"
     outputs = ("y", "rstd")
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
@@ -57,6 +68,7 @@ class TileLangLayerNormCluster(_ClusterKernel):
 
     op = "layer_norm"
     variant = "layer_norm_cluster"
+    shorter_rows_kernel = "tilelang.layer_norm_fwd"
     outputs = ("y", "mean", "rstd")
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
