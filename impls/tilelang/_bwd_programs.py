@@ -19,7 +19,8 @@ from impls.tilelang.plan import Plan
 def norm_bwd(plan: Plan, block_m: int):
     N, P, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     NW, _ = _signature_sizes(plan)
-    M, G, LX, LD, LDX = T.dynamic("M"), T.dynamic("G"), T.dynamic("LX"), T.dynamic("LD"), T.dynamic("LDX")
+    M, G = T.dynamic("M"), T.dynamic("G")
+    LX, LD, LDX = (T.dynamic(n, "int64") for n in ("LX", "LD", "LDX"))  # flat lengths may pass 2**31
     is_ln, has_w = plan.variant == "layer_norm_bwd", plan.has_weight
 
     @T.prim_func
