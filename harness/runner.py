@@ -11,6 +11,7 @@ import torch
 
 from harness import compare, compare_backward, guards
 from harness.cases import Case, make_dy, make_inputs
+from harness.shapes import HUGE_ELEMENTS
 from impls.base import NormGrads, NormKernel, NormOutputs
 from impls.reference import reference, reference_backward
 
@@ -109,6 +110,8 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
     device = device_for(kernel)
     spec = case.spec(device)
     reason = kernel.unsupported(spec)
+    if not reason and device == "cpu" and case.rows * case.n >= HUGE_ELEMENTS:
+        reason = f"{case.rows * case.n} elements (beyond 2**31): GPU only (on the CPU: tens of GB and hours)"
     if reason:
         result.skipped = reason
         return result

@@ -297,3 +297,14 @@ def test_chunked_oracle_judges_as_the_whole_one(monkeypatch, op, dist, planted):
         assert a.rel_l2 == pytest.approx(b.rel_l2, rel=1e-12)
         assert a.to_dict().keys() == b.to_dict().keys() and "err_l2" not in a.to_dict()
     assert chunked.ok == whole.ok == (planted is None)
+
+
+def test_cases_beyond_2_31_elements_are_skipped_on_the_cpu():
+    """Even with --profile full on the CPU the huge cases do not run there (nothing is drawn)."""
+    from harness import runner
+    from harness.cases import catalogue
+    from tests.planted import Correct
+
+    huge = next(c for c in catalogue("full") if c.rows * c.n > 2**31)
+    result = runner.check(Correct(huge.op), huge)
+    assert result.skipped and "GPU only" in result.skipped and not result.ok
