@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.shapes import (BACKWARD_LARGE_M, BACKWARD_N, BACKWARD_N_FULL, BACKWARD_TAIL_M, BACKWARD_TAIL_M_FULL,
-                            CHECK_LONG_N, CHECK_LONG_N_QUICK, ODD_N, POW2_N, TAIL_M, TAIL_M_FULL)
+                            CHECK_LONG_N, CHECK_LONG_N_QUICK, HUGE_CASES, ODD_N, POW2_N, TAIL_M, TAIL_M_FULL)
 from impls.base import DEFAULT_EPS, NormSpec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -161,7 +161,7 @@ def make_dy(case: Case, device: str | torch.device = "cpu") -> tuple[torch.Tenso
 
 
 # A "normal" x larger than this is drawn in row chunks (its float64 draw would take GBs); every
-# catalogue case is within it, so the catalogue's bits do not depend on the chunking.
+# catalogue case but the HUGE_CASES is within it, so their bits do not depend on the chunking.
 DRAW_CHUNK_ELEMENTS = 2**27
 
 
@@ -277,6 +277,9 @@ def _catalogue(profile: str) -> list[Case]:
         for shape in ((16384, 4096), (16384, 4000), (32768, 1024), (4096, 8192), (2048, 65536)):
             for dt in all_dtypes:
                 add(_both_ops(dtype=dt, shape=shape, dist="offset", tags=("model shape",)))
+        for shape, dtypes in HUGE_CASES:  # beyond 2**31 elements: 64-bit offsets
+            for dt in dtypes:
+                add(_both_ops(dtype=dt, shape=shape, tags=("beyond 2^31 elements",)))
     return cases
 
 

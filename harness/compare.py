@@ -23,7 +23,7 @@ atol=rtol=1e-2 (float16, bfloat16): one bfloat16 ulp is at most 2**-7 |v|.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -59,13 +59,16 @@ class ErrorStats:
     worst_index: tuple[int, ...] | None = None
     worst_out: float | None = None
     worst_ref: float | None = None
+    # rel_l2's numerator and denominator, for merging chunks (merge); not reported
+    err_l2: float = field(default=0.0, repr=False, compare=False)
+    ref_l2: float = field(default=0.0, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return self.mismatched == 0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k not in ("err_l2", "ref_l2")}
 
     def summary(self) -> str:
         where = ""
@@ -125,6 +128,32 @@ def compare(
         worst_index=worst,
         worst_out=float(o.view(-1)[flat]) if worst is not None else None,
         worst_ref=float(r.view(-1)[flat]) if worst is not None else None,
+        err_l2=num,
+        ref_l2=den,
+    )
+
+
+def merge(parts: list[tuple[int, ErrorStats]]) -> ErrorStats:
+    """One output's statistics over row chunks, from each chunk's (first row, statistics): as
+    ``compare`` over the whole would give them (the worst element: the first of the largest ratio)."""
+    stats = [s for _, s in parts]
+    first, top = max(parts, key=lambda p: p[1].worst_ratio)  # max keeps the first of equals
+    num = math.sqrt(sum(s.err_l2**2 for s in stats))
+    den = math.sqrt(sum(s.ref_l2**2 for s in stats))
+    worst = None if top.worst_index is None else (top.worst_index[0] + first, *top.worst_index[1:])
+    return ErrorStats(
+        output=top.output,
+        max_abs=max(s.max_abs for s in stats),
+        max_ulp=max(s.max_ulp for s in stats),
+        rel_l2=num / den if den > 0 else (0.0 if num == 0 else math.inf),
+        worst_ratio=top.worst_ratio,
+        mismatched=sum(s.mismatched for s in stats),
+        numel=sum(s.numel for s in stats),
+        worst_index=worst,
+        worst_out=top.worst_out,
+        worst_ref=top.worst_ref,
+        err_l2=num,
+        ref_l2=den,
     )
 
 

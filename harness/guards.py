@@ -23,17 +23,33 @@ POISON_BITS = {torch.float16: 0x7DA5, torch.bfloat16: 0x7FA5, torch.float32: 0x7
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
 
 
+# Inspections and input comparisons go through their tensors in chunks of this many elements, so
+# that their bool temporaries stay small (a mask over a 2**31-element output would take GBs).
+CHUNK_ELEMENTS = 2**26
+
+
 @dataclass
 class Guarded:
-    """One output inside its buffer: ``view`` goes to the kernel, the rest is canary."""
+    """One output inside its buffer: ``view`` goes to the kernel, the rest is canary: HEAD
+    elements before, TAIL after, ``gap`` columns after each of ``rows`` rows of ``n``."""
 
     name: str
     buffer: torch.Tensor  # 1-D, the whole allocation
     view: torch.Tensor
-    inside: torch.Tensor  # bool mask over buffer: True where the view's elements live
+    rows: int
+    n: int
+    gap: int
 
     def bits(self) -> torch.Tensor:
         return self.buffer.view(_INT_VIEW[self.buffer.element_size()])
+
+    def canaries(self) -> list[tuple[int, torch.Tensor]]:
+        """(buffer offset of the first element, bits as rows) of every canary region, in buffer order."""
+        bits, end = self.bits(), HEAD + self.rows * (self.n + self.gap)
+        regions = [(0, bits[:HEAD].view(1, HEAD))]
+        if self.gap:
+            regions.append((HEAD + self.n, bits.as_strided((self.rows, self.gap), (self.n + self.gap, 1), HEAD + self.n)))
+        return regions + [(end, bits[end:].view(1, -1))]
 
 
 def _guard(name: str, shape: tuple[int, ...], dtype: torch.dtype, device, gap: int) -> Guarded:
@@ -52,9 +68,7 @@ def _guard(name: str, shape: tuple[int, ...], dtype: torch.dtype, device, gap: i
         strides.append(acc)
         acc *= row_stride if i == 0 else s
     view = buffer.as_strided(shape, tuple(reversed(strides)), HEAD)
-    inside = torch.zeros(size, dtype=torch.bool, device=device)
-    inside.as_strided(shape, tuple(reversed(strides)), HEAD).fill_(True)
-    return Guarded(name, buffer, view, inside)
+    return Guarded(name, buffer, view, rows, n, gap)
 
 
 def guarded_outputs(kernel, x: torch.Tensor) -> tuple[NormOutputs, list[Guarded]]:
@@ -90,23 +104,46 @@ class GuardFinding:
         return f"{self.output}: {self.count} {self.kind} element(s), first at {where} {self.first}"
 
 
+def _scan(mask, *tensors) -> tuple[int, list[int] | None]:
+    """How many elements ``mask(*parts)`` marks over equal-shaped tensors, and the index of the
+    first; the tensors are taken CHUNK_ELEMENTS at a time along their first dimension."""
+    if tensors[0].dim() == 0:
+        tensors = tuple(t.reshape(1) for t in tensors)
+    per_row = max(1, tensors[0][0].numel()) if tensors[0].shape[0] else 1
+    step = max(1, CHUNK_ELEMENTS // per_row)
+    count, first = 0, None
+    for r0 in range(0, tensors[0].shape[0], step):
+        marked = mask(*(t[r0:r0 + step] for t in tensors))
+        found = int(marked.sum())
+        if found and first is None:
+            first = [int(i) for i in torch.nonzero(marked)[0]]
+            first[0] += r0
+        count += found
+    return count, first
+
+
 def inspect(guards: list[Guarded]) -> list[GuardFinding]:
     """Unwritten elements and out-of-bounds writes, per output."""
     findings = []
     for g in guards:
-        poison = g.bits() == POISON_BITS[g.buffer.dtype]
-        unwritten = poison & g.inside
-        if unwritten.any():
-            findings.append(GuardFinding(g.name, "unwritten", int(unwritten.sum()), _first_in_view(g, unwritten)))
-        clobbered = ~poison & ~g.inside
-        if clobbered.any():
-            first = int(torch.nonzero(clobbered)[0].item()) - HEAD
-            findings.append(GuardFinding(g.name, "out-of-bounds write", int(clobbered.sum()), [first]))
+        poison = POISON_BITS[g.buffer.dtype]
+        rows = g.bits().as_strided((g.rows, g.n), (g.n + g.gap, 1), HEAD)
+        count, where = _scan(lambda b: b == poison, rows)
+        if count:
+            findings.append(GuardFinding(g.name, "unwritten", count, _first_in_view(g, where[0] * (g.n + g.gap) + where[1])))
+        clobbered, first = 0, None
+        for offset, region in g.canaries():
+            found, where = _scan(lambda b: b != poison, region)
+            if found and first is None:  # regions in buffer order: the first region's first is the first
+                first = offset + where[0] * (g.n + g.gap) + where[1] - HEAD
+            clobbered += found
+        if clobbered:
+            findings.append(GuardFinding(g.name, "out-of-bounds write", clobbered, [first]))
     return findings
 
 
-def _first_in_view(g: Guarded, unwritten: torch.Tensor) -> list[int]:
-    offset = int(torch.nonzero(unwritten)[0].item()) - HEAD
+def _first_in_view(g: Guarded, offset: int) -> list[int]:
+    """The view index of the element at ``offset`` elements past the buffer's HEAD."""
     index = []
     for stride in g.view.stride():
         index.append(offset // stride)
@@ -123,8 +160,8 @@ def inputs_modified(before: dict[str, torch.Tensor], tensors: dict[str, torch.Te
     findings = []
     for name, old in before.items():
         new = tensors[name]
-        changed = new.view(_INT_VIEW[new.element_size()]) != old.view(_INT_VIEW[old.element_size()])
-        if changed.any():
-            first = [int(i) for i in torch.nonzero(changed)[0]]
-            findings.append(GuardFinding(name, "input modified", int(changed.sum()), first))
+        count, first = _scan(lambda a, b: a.view(_INT_VIEW[a.element_size()]) != b.view(_INT_VIEW[b.element_size()]),
+                             new, old)
+        if count:
+            findings.append(GuardFinding(name, "input modified", count, first))
     return findings

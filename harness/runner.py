@@ -11,6 +11,7 @@ import torch
 
 from harness import compare, compare_backward, guards
 from harness.cases import Case, make_dy, make_inputs
+from harness.shapes import HUGE_ELEMENTS
 from impls.base import NormGrads, NormKernel, NormOutputs
 from impls.reference import reference, reference_backward
 
@@ -46,9 +47,44 @@ def device_for(kernel: NormKernel) -> str:
     return "cpu" if "cpu" in kernel.devices else kernel.devices[0]
 
 
+# A case beyond this many elements is judged in row chunks of ORACLE_CHUNK_ELEMENTS, each with its
+# own float64 oracle: the oracle of a whole 2**31-element case would take 16 GiB for y alone, and
+# the comparison's float64 temporaries several times that.
+ORACLE_WHOLE_ELEMENTS = 2**28
+ORACLE_CHUNK_ELEMENTS = 2**25
+
+
+@dataclass
+class ChunkedReference:
+    """The oracle of a case judged in row chunks: computed where it is judged, a chunk of rows
+    (along x's first dimension) at a time."""
+
+    op: str
+    x: torch.Tensor
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    eps: float
+
+    def chunks(self):
+        """(rows, the oracle's outputs for x[rows]) for consecutive slices of rows."""
+        step = max(1, ORACLE_CHUNK_ELEMENTS // max(1, self.x[0].numel()))
+        for r0 in range(0, self.x.shape[0], step):
+            rows = slice(r0, r0 + step)
+            yield rows, reference(self.op, self.x[rows], self.weight, self.bias, self.eps)
+
+
+def oracle_for(case: Case, inputs) -> NormOutputs | ChunkedReference:
+    """The oracle's outputs for a case, or for a case beyond ORACLE_WHOLE_ELEMENTS the means to
+    compute them in chunks."""
+    if inputs.x.numel() > ORACLE_WHOLE_ELEMENTS:
+        return ChunkedReference(case.op, inputs.x, inputs.weight, inputs.bias, inputs.eps)
+    return reference(case.op, inputs.x, inputs.weight, inputs.bias, inputs.eps)
+
+
 class OracleCache:
     """The inputs and the oracle's answer for the last case, shared by every kernel that runs it
-    (the harness runs all kernels of a case one after another)."""
+    (the harness runs all kernels of a case one after another); the answer is a ChunkedReference
+    for cases too large for a whole float64 copy."""
 
     def __init__(self):
         self._key = None
@@ -59,7 +95,7 @@ class OracleCache:
         if key != self._key:
             self._value = None  # free the previous case's tensors first
             inputs = make_inputs(case, device)
-            self._key, self._value = key, (inputs, reference(case.op, inputs.x, inputs.weight, inputs.bias, inputs.eps))
+            self._key, self._value = key, (inputs, oracle_for(case, inputs))
         return self._value
 
     def forget(self) -> None:
@@ -74,6 +110,8 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
     device = device_for(kernel)
     spec = case.spec(device)
     reason = kernel.unsupported(spec)
+    if not reason and device == "cpu" and case.rows * case.n >= HUGE_ELEMENTS:
+        reason = f"{case.rows * case.n} elements (beyond 2**31): GPU only (on the CPU: tens of GB and hours)"
     if reason:
         result.skipped = reason
         return result
@@ -90,7 +128,7 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
     if any(f.kind == "input modified" for f in result.findings):
         oracle.forget()  # the next kernel gets fresh inputs
     result.errors, extra = judge(kernel, case.op, inputs.x, inputs.weight, inputs.bias, out, ref, device)
-    if keep_outputs:
+    if keep_outputs and not isinstance(ref, ChunkedReference):  # the agreement matrix: a whole oracle's cases only
         result.outputs, result.y_extra = out, extra
         result.stat_dtype = kernel.stat_dtype(case.torch_dtype, device)
     return result
@@ -99,7 +137,16 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
 def judge(kernel: NormKernel, op: str, x, weight, bias, out: NormOutputs, ref: NormOutputs, device: str):
     """Each output of ``kernel`` against the oracle's ``ref`` for the same rows of x, with the
     allowance its rounding contract and statistics dtype imply (the checks and the benchmarks'
-    verification both judge here). Returns the errors and y's extra allowance."""
+    verification both judge here). Returns the errors and y's extra allowance (None for a
+    ChunkedReference, judged chunk by chunk and its errors merged)."""
+    if isinstance(ref, ChunkedReference):
+        parts = []
+        for rows, chunk in ref.chunks():
+            sub = NormOutputs(out.y[rows], None if out.mean is None else out.mean[rows],
+                              None if out.rstd is None else out.rstd[rows])
+            errors, _ = judge(kernel, op, x[rows], weight, bias, sub, chunk, device)
+            parts.append((rows.start, errors))
+        return [compare.merge([(r0, errors[i]) for r0, errors in parts]) for i in range(len(parts[0][1]))], None
     extra = compare.rounding_allowance(kernel.rounding, op, x, ref, weight, bias, x.dtype)
     errors = compare.compare_outputs(op, out, ref, x.dtype, kernel.stat_dtype(x.dtype, device), weight, extra)
     return errors, extra

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from harness.isolation import LoadScopeScheduling
+from harness.shapes import HUGE_ELEMENTS
 
 def case_groups(records: dict, cases: dict, kernels: dict, device_for) -> dict[str, str]:
     """case id -> group: cases joined when some kernel compiles once for both (union-find)."""
@@ -57,6 +58,8 @@ HEAVY_ELEMENTS = 2**25  # a case this large takes GBs of GPU memory (float64 ora
 # Workers that may hold such a case at once on one GPU: the largest (16384 x 8192) took 17 GB of
 # the H200's 141 in one worker; four leave room for the other workers.
 HEAVY_LANES_PER_GPU = 4
+# Cases of HUGE_ELEMENTS or more (x alone 4-8 GiB, its snapshot and y as much again) all go to
+# heavy lane 0: one at a time in the run.
 
 
 def numel(case) -> int:
@@ -71,12 +74,13 @@ def scopes(ids: list[str], records: dict, cases: dict, kernels: dict, device_for
     """nodeid -> scheduling scope. A case's checks share a scope; cases sharing a compile key
     share one too, cut into pieces of at most ``cap`` weight (None: never cut). With
     ``heavy_lanes``, the cases of HEAVY_ELEMENTS or more go to that many scopes of their own, so
-    at most that many workers hold one at a time (workers share a GPU's memory)."""
+    at most that many workers hold one at a time (workers share a GPU's memory); those of
+    HUGE_ELEMENTS or more all to lane 0, so at most one of them runs at a time."""
     groups = case_groups(records, cases, kernels, device_for)
     if heavy_lanes:  # largest first, each onto the lane with the fewest elements so far
         load = [0] * heavy_lanes
         for c in sorted((c for c in groups if numel(cases[c]) >= HEAVY_ELEMENTS), key=lambda c: (-numel(cases[c]), c)):
-            lane = min(range(heavy_lanes), key=lambda i: (load[i], i))
+            lane = 0 if numel(cases[c]) >= HUGE_ELEMENTS else min(range(heavy_lanes), key=lambda i: (load[i], i))
             load[lane] += numel(cases[c])
             groups[c] = f"heavy lane {lane}"
     members: dict[str, list[str]] = {}

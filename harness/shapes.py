@@ -7,8 +7,14 @@ from __future__ import annotations
 # Row lengths that are not multiples of any block or vector width, and every power of two.
 ODD_N = (1, 7, 127, 129, 769, 1000, 1536, 3000, 4000, 4097, 5120, 12345)
 POW2_N = tuple(2**k for k in range(17))  # 1 .. 65536
-CHECK_LONG_N = (65537, 100000, 131072, 262144)  # beyond one block: for kernels that claim it
+CHECK_LONG_N = (65537, 100000, 131072, 262143, 262144)  # beyond one block: for kernels that claim it
 CHECK_LONG_N_QUICK = (65537, 100000)
+# Beyond 2**31 elements (the full profile: a GPU): 64-bit offsets, in every kernel (N = 4096) and in
+# the long-row ones; (shape, dtypes). Judged in row chunks (harness.runner.ChunkedReference), one
+# such case at a time (harness.scheduling), no determinism check (two calls' outputs and their bit
+# comparison would take tens of GB).
+HUGE_ELEMENTS = 2**31
+HUGE_CASES = (((524289, 4096), ("bfloat16", "float32")), ((16385, 131072), ("bfloat16",)))
 TAIL_M = (1, 3, 17, 1025)  # row counts that are not multiples of any rows-per-program
 TAIL_M_FULL = (4096, 16384)  # added in the full profile
 # The backward catalogue: M tails of the dw/db reductions over rows, one beyond 65536 rows (full),

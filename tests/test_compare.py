@@ -268,3 +268,43 @@ def test_dx_defects_fail(n, dtype):
         f = n / padded
         wrong = (rstd[:, None] * (g - f * g.mean(-1, keepdim=True) - xhat * f * (g * xhat).mean(-1, keepdim=True)))
         assert _failing(type(honest)(dx=wrong, dw=honest.dw, db=honest.db), ref, dtype) == {"dx"}
+
+
+@pytest.mark.parametrize("op,dist,planted", [("layer_norm", "large_mean", "one_pass_variance"),
+                                             ("rms_norm", "nan_row", None), ("layer_norm", "normal", "rstd_as_std")])
+def test_chunked_oracle_judges_as_the_whole_one(monkeypatch, op, dist, planted):
+    """Beyond ORACLE_WHOLE_ELEMENTS a case is judged in row chunks, each against its own oracle (a
+    float64 copy of a 2**31-element case is 16 GiB): the same verdicts, counts, worst element and
+    error sizes as one comparison over the whole, here with chunks of 3 rows over 17 (a tail)."""
+    from harness import runner
+    from harness.cases import Case
+    from tests.planted import PLANTED, Correct
+
+    kernel = PLANTED[planted](op) if planted else Correct(op)
+    case = Case(op=op, dtype="bfloat16", shape=(17, 300), dist=dist)
+    whole = runner.check(kernel, case)
+    monkeypatch.setattr(runner, "ORACLE_WHOLE_ELEMENTS", 1000)
+    monkeypatch.setattr(runner, "ORACLE_CHUNK_ELEMENTS", 3 * 300)
+    oracle = runner.OracleCache()
+    assert isinstance(oracle.get(case, "cpu")[1], runner.ChunkedReference)
+    assert [len(range(17)[rows]) for rows, _ in oracle.get(case, "cpu")[1].chunks()] == [3] * 5 + [2]
+    chunked = runner.check(kernel, case, oracle=oracle, keep_outputs=True)
+    assert chunked.outputs is None  # no agreement matrix without a whole oracle
+    assert [e.output for e in chunked.errors] == [e.output for e in whole.errors]
+    for a, b in zip(chunked.errors, whole.errors):
+        assert (a.mismatched, a.numel, a.worst_index, a.max_abs, a.max_ulp, a.worst_ratio) == \
+               (b.mismatched, b.numel, b.worst_index, b.max_abs, b.max_ulp, b.worst_ratio)
+        assert a.rel_l2 == pytest.approx(b.rel_l2, rel=1e-12)
+        assert a.to_dict().keys() == b.to_dict().keys() and "err_l2" not in a.to_dict()
+    assert chunked.ok == whole.ok == (planted is None)
+
+
+def test_cases_beyond_2_31_elements_are_skipped_on_the_cpu():
+    """Even with --profile full on the CPU the huge cases do not run there (nothing is drawn)."""
+    from harness import runner
+    from harness.cases import catalogue
+    from tests.planted import Correct
+
+    huge = next(c for c in catalogue("full") if c.rows * c.n > 2**31)
+    result = runner.check(Correct(huge.op), huge)
+    assert result.skipped and "GPU only" in result.skipped and not result.ok

@@ -48,3 +48,31 @@ def test_inputs_written_by_a_kernel_are_found():
     x[2, 1] = 0.5
     (finding,) = guards.inputs_modified(before, {"x": x})
     assert (finding.output, finding.kind, finding.first) == ("x", "input modified", [2, 1])
+
+
+def test_chunked_inspection_finds_the_same_as_one_pass(monkeypatch):
+    """Guards scan their buffers CHUNK_ELEMENTS at a time (a 2**31-element output would need GBs of
+    masks): the counts and first positions do not depend on the chunk size."""
+    def findings():
+        x = torch.randn(5, 2, 7)
+        out, guarded = guards.guarded_outputs(Correct("layer_norm"), x)
+        out.y.copy_(x)
+        out.mean.fill_(0)
+        out.rstd.fill_(1)
+        out.y[3, 1, 2:4].view(torch.int32).fill_(guards.POISON_BITS[torch.float32])
+        out.y[4, 0, 6:7].view(torch.int32).fill_(guards.POISON_BITS[torch.float32])
+        out.y.as_strided((10, 8), (out.y.stride(1), 1))[6, 7] = 0.0  # past row 6's end
+        guarded[0].buffer[-1] = 1.0  # the tail canary
+        before = guards.snapshot_inputs({"x": x})
+        x[4, 1, 3] = 9.0
+        x[1, 0, 0] = 9.0
+        return guards.inspect(guarded) + guards.inputs_modified(before, {"x": x})
+
+    whole = findings()
+    monkeypatch.setattr(guards, "CHUNK_ELEMENTS", 3)
+    chunked = findings()
+    assert chunked == whole
+    by_kind = {f.kind: f for f in whole}
+    assert (by_kind["unwritten"].count, by_kind["unwritten"].first) == (3, [3, 1, 2])
+    assert by_kind["out-of-bounds write"].count == 2
+    assert (by_kind["input modified"].count, by_kind["input modified"].first) == (2, [1, 0, 0])

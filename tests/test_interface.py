@@ -175,3 +175,30 @@ def test_backward_refuses_what_it_cannot_use():
         Correct("rms_norm").backward(x, None, None, torch.randn(3, 8), saved)
     empty = k.backward(torch.randn(0, 8), torch.ones(8), None, torch.randn(0, 8), k(torch.randn(0, 8)))
     assert empty.dx.shape == (0, 8) and empty.dw.abs().sum() == 0
+
+
+def test_the_full_profile_has_cases_beyond_2_31_elements_and_padded_long_rows():
+    """The full profile (a GPU) holds cases beyond 2**31 elements for both ops in bfloat16 and
+    float32, never the quick one (the CPU); padded long rows for LayerNorm, which
+    tilelang.layer_norm_fwd takes (its two-pass plan) as it takes the huge cases; the huge cases
+    run no determinism check and are not warmed by parallel workers."""
+    from harness import properties, shapes
+    from harness.cases import catalogue
+
+    full, quick = catalogue("full"), catalogue("quick")
+    huge = [c for c in full if c.rows * c.n > 2**31]
+    assert {(c.op, c.dtype) for c in huge} >= {(op, dt) for op in ("rms_norm", "layer_norm")
+                                               for dt in ("bfloat16", "float32")}
+    assert all("beyond 2^31 elements" in c.tags for c in huge)
+    assert not [c for c in quick if c.rows * c.n >= shapes.HUGE_ELEMENTS]
+    assert not set(properties.determinism_cases(full, "full")) & set(huge)
+    registry.load_builtins()
+    ln = registry.get("layer_norm", "tilelang", "layer_norm_fwd")
+    for n in (65537, 100000, 262143):
+        long_rows = [c for c in full if c.op == "layer_norm" and c.n == n]
+        assert {c.dtype for c in long_rows} >= {"bfloat16", "float32"}, n
+        for c in long_rows:
+            assert "exceeds" not in (ln.unsupported(c.spec("cuda")) or "")
+    for c in huge:
+        why = ln.unsupported(c.spec("cuda")) or ""
+        assert "int32" not in why and "exceeds" not in why

@@ -198,3 +198,22 @@ def test_benchmarks_split_over_gpus_one_process_each_and_merge(tmp_path):
 def test_benchmarks_refuse_xdist_workers():
     proc, _ = harness("benchmarks", "--benchmark-only", "-n", "2", "--backend", "torch")
     assert proc.returncode != 0 and "not xdist workers" in proc.stdout + proc.stderr
+
+
+def test_cases_beyond_2_31_elements_share_one_heavy_lane():
+    """With heavy lanes (workers pinned to GPUs), every case of HUGE_ELEMENTS or more goes to heavy
+    lane 0, so at most one of them is held at a time; the other heavy cases avoid that lane."""
+    from harness.cases import Case
+
+    cases = {c.id: c for c in (Case("rms_norm", "bfloat16", (524289, 4096)), Case("layer_norm", "float32", (524289, 4096)),
+                               Case("rms_norm", "bfloat16", (16385, 131072)), Case("rms_norm", "bfloat16", (16384, 8192)),
+                               Case("layer_norm", "bfloat16", (16384, 4096)), Case("rms_norm", "bfloat16", (3, 4000)))}
+    kernels = {("eager", op): _Kernel("eager", lambda s: None) for op in ("rms_norm", "layer_norm")}
+    recs = {f"t[{c.id}]": {"test": "test_against_oracle", "case": c.id, "kernel": "eager", "op": c.op}
+            for c in cases.values()}
+    scope = scheduling.scopes(list(recs), recs, cases, kernels, lambda k: "cpu", cap=None, heavy_lanes=4)
+    lane = {c.id: scope[f"t[{c.id}]"] for c in cases.values()}
+    huge = {lane[i] for i, c in cases.items() if scheduling.numel(c) >= scheduling.HUGE_ELEMENTS}
+    assert huge == {"case-group heavy lane 0 #0"}
+    others = {lane[i] for i, c in cases.items() if scheduling.HEAVY_ELEMENTS <= scheduling.numel(c) < scheduling.HUGE_ELEMENTS}
+    assert len(others) == 2 and not others & huge

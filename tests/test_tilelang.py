@@ -82,10 +82,63 @@ def test_few_rows_get_the_decode_plan_and_many_rows_the_bandwidth_plan():
 def test_rows_beyond_register_capacity_are_refused_with_the_kernel_that_takes_them():
     why = _kernel("rms_norm", "fragment").unsupported(_spec(n=100000))
     assert why == "N=100000 exceeds tilelang.fragment's register capacity (max 32768); tilelang.splitk covers it"
-    why = _kernel("layer_norm", "layer_norm_fwd").unsupported(_spec("layer_norm", n=65536))
-    assert why.startswith("N=65536 exceeds tilelang.layer_norm_fwd's register capacity (max 32768)")
     splitk = _kernel("rms_norm", "splitk")
     assert splitk.max_n is None and "exceeds" not in (splitk.unsupported(_spec(n=262144)) or "")
+
+
+def test_layer_norm_takes_any_n_beyond_the_register_capacity_in_its_two_pass_plan():
+    from impls.tilelang.plan import FRAGMENT_MAX_N
+
+    ln = _kernel("layer_norm", "layer_norm_fwd")
+    assert ln.max_n is None and "exceeds" not in (ln.unsupported(_spec("layer_norm", n=262143)) or "")
+    assert make_plan("layer_norm_fwd", torch.bfloat16, FRAGMENT_MAX_N, True, True, 8).variant == "layer_norm_fwd"
+    for n in (FRAGMENT_MAX_N + 1, 65537, 262144):
+        assert make_plan("layer_norm_fwd", torch.float32, n, True, True, choose_vec(torch.float32, n)).variant \
+            == "layer_norm_long"
+
+
+def test_more_than_2_31_elements_are_not_refused():
+    """The flat lengths are bound as int64 (the skip for x beyond 2**31 - 1 elements is gone);
+    only M beyond int32 is refused."""
+    for op, variant in (("rms_norm", "fragment"), ("rms_norm", "splitk"), ("rms_norm", "naive_row_per_block"),
+                        ("layer_norm", "layer_norm_fwd")):
+        kernel = _kernel(op, variant)
+        why = kernel.unsupported(_spec(op, n=4096, rows=2**19 + 1)) or ""
+        assert "int32" not in why and "spans" not in why, why
+        assert "int32" in (kernel.unsupported(_spec(op, n=1, rows=2**31)) or "")
+
+
+@pytest.mark.parametrize("op,variant", [("rms_norm", "fragment"), ("rms_norm", "splitk"),
+                                        ("rms_norm", "naive_row_per_block"), ("layer_norm", "layer_norm_fwd"),
+                                        ("layer_norm", "layer_norm_long")])
+def test_lengths_and_row_offsets_are_64_bit(op, variant):
+    """The host binds x's and y's flat lengths as int64 and every global access of x and y adds
+    a row offset computed in int64 (blockIdx cast first), so rows past 2**31 elements are reached."""
+    _need_compiler()
+    n = 100000 if variant == "layer_norm_long" else 4000
+    plan = make_plan("layer_norm_fwd" if op == "layer_norm" else variant, torch.bfloat16, n, True,
+                     op == "layer_norm", 8 if variant != "naive_row_per_block" else 1)
+    assert plan.variant == variant
+    compiled = compiler.compile_plan(plan, compiler.SM90)
+    host = compiled.host_source()
+    assert re.search(r"int64_t LX = ", host) and re.search(r"int64_t LY = ", host)
+    body = compiled.source()
+    body = body[body.index("main_kernel("):]
+    accesses = [line for line in body.splitlines() if re.search(r"\b(X \+|X\[|Y \+|Y\[)", line)]
+    assert accesses
+    for line in accesses:
+        assert "((int64_t)((int)blockIdx.x))" in line, f"{variant}: a row offset not in int64: {line.strip()}"
+
+
+def test_long_layer_norm_divides_by_n_and_guards_its_padding():
+    _need_compiler()
+    src = _source("layer_norm_fwd", 100000)
+    body = src[src.index("main_kernel("):]
+    assert "/*1.000000e+05*/" in body, "the variance must divide by N = 100000"
+    # the last segment's count is what is left of the row (100000 - 12 x 8192), never the segment
+    assert "100000 - max((s * 8192), 91808)" in body
+    for line in _unguarded_accesses(body):
+        pytest.fail(f"layer_norm_long: global access of x or y outside any if: {line}")
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present: the kernels run here")

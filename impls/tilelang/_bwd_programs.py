@@ -28,7 +28,7 @@ def norm_bwd(plan):
     N, P, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     NW, _ = _signature_sizes(plan)
     M, G = T.dynamic("M"), T.dynamic("G")
-    LX, LD, LDX = T.dynamic("LX"), T.dynamic("LD"), T.dynamic("LDX")
+    LX, LD, LDX = (T.dynamic(n, "int64") for n in ("LX", "LD", "LDX"))  # flat lengths may pass 2**31
     is_ln, has_w, has_b, pre = plan.variant == "layer_norm_bwd", plan.has_weight, plan.has_bias, plan.prefetch
 
     def w_of(W, j):

@@ -9,10 +9,12 @@ from impls import fastpath
 from impls.base import NormKernel, NormOutputs, NormSpec, UnsupportedCase, cuda_present
 from impls.tilelang import compiler
 from impls.tilelang.backward import TileLangBackward
-from impls.tilelang.plan import DECODE_MAX_ROWS, DECODE_TUNED, Plan, choose_vec, make_plan, max_vec
+from impls.tilelang.plan import DECODE_MAX_ROWS, DECODE_TUNED, FRAGMENT_MAX_N, Plan, choose_vec, make_plan, max_vec
 
-# TileLang binds the flat buffers' lengths as int32.
-MAX_SPAN = 2**31 - 1
+# The flat buffers' lengths are bound as int64 and row offsets computed in int64 (_programs), so
+# x may span more than 2**31 elements; M, the grid and a row's column index stay int32 (a
+# block's rows stay below 2**31 with this margin).
+MAX_ROWS = 2**31 - 1024
 
 _DUMMIES: dict[tuple, torch.Tensor] = {}
 
@@ -54,13 +56,9 @@ class TileLangKernel(TileLangBackward, NormKernel):
         if self.max_n is not None and spec.n > self.max_n:  # true on any machine, so said first
             where = f"; {self.longer_rows_by} covers it" if self.longer_rows_by else ""
             return f"N={spec.n} exceeds {self.name}'s {self.capacity} capacity (max {self.max_n}){where}"
-        reason = super().unsupported(spec)
-        if reason:
-            return reason
-        span = max(0, spec.rows - 1) * spec.row_stride + spec.n
-        if span > MAX_SPAN:
-            return f"{self.name}: x spans {span} elements; TileLang binds buffer lengths as int32 (max {MAX_SPAN})"
-        return None
+        if spec.rows > MAX_ROWS:
+            return f"{self.name}: {spec.rows} rows; TileLang binds M (the grid) as int32 (max {MAX_ROWS})"
+        return super().unsupported(spec)
 
     # -- planning and compiling ----------------------------------------------------------
     def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int,
@@ -91,10 +89,10 @@ class TileLangKernel(TileLangBackward, NormKernel):
         full = "weight_bias" if self.op == "layer_norm" else "weight"
         builds = [(dt, n, full, None) for dt in ("float32", "float16", "bfloat16") for n in (4096, 4000, 769)]
         builds.append(("bfloat16", 4000, "none", None))
-        if self.variant == "splitk":
-            builds += [(dt, n, "weight", None) for dt in ("float32", "float16", "bfloat16") for n in (65536, 100000)]
-        if self.max_n is not None:
-            builds.append(("bfloat16", self.max_n, full, None))
+        if self.variant in ("splitk", "layer_norm_fwd"):  # layer_norm_fwd: its two-pass plan
+            builds += [(dt, n, full, None) for dt in ("float32", "float16", "bfloat16") for n in (65536, 100000)]
+        if self.max_n is not None or self.variant == "layer_norm_fwd":
+            builds.append(("bfloat16", FRAGMENT_MAX_N, full, None))
         if self.op == "layer_norm":
             builds += [("bfloat16", 4000, "weight", None), ("bfloat16", 4000, "bias", None)]
         builds += [("bfloat16" if size == 2 else "float32", n, full, 1)

@@ -31,7 +31,7 @@ def rms_norm_cluster(plan: Plan):
     N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     C = cluster_size(plan)
     NW, _ = _signature_sizes(plan)
-    M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w = plan.has_weight
 
     @T.prim_func
@@ -87,7 +87,7 @@ def layer_norm_cluster(plan: Plan):
     N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     C = cluster_size(plan)
     NW, NB = _signature_sizes(plan)
-    M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w, has_b = plan.has_weight, plan.has_bias
     last = N - (C - 1) * S  # columns of the last block; every other block has S
 

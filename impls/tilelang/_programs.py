@@ -59,7 +59,7 @@ def rms_norm_fragment(plan: Plan):
     the scaling. ``plan.rows_per_block`` rows per block for short rows."""
     N, R, P, vec, dt = plan.n, plan.rows_per_block, plan.padded, plan.vec, plan.dtype
     NW, _ = _signature_sizes(plan)
-    M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w = plan.has_weight
 
     @T.prim_func
@@ -100,7 +100,7 @@ def rms_norm_naive(plan: Plan):
     N, TH, dt = plan.n, plan.threads, plan.dtype
     chunks = -(-N // TH)
     NW, _ = _signature_sizes(plan)
-    M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w = plan.has_weight
 
     @T.prim_func
@@ -141,7 +141,7 @@ def rms_norm_splitk(plan: Plan):
     N, K, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     segs = -(-N // K)
     NW, _ = _signature_sizes(plan)
-    M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w = plan.has_weight
 
     @T.prim_func
@@ -194,7 +194,7 @@ def layer_norm_fwd(plan: Plan):
 
     N, R, P, vec, dt = plan.n, plan.rows_per_block, plan.padded, plan.vec, plan.dtype
     NW, NB = _signature_sizes(plan)
-    M, LX, LY = T.dynamic("M"), T.dynamic("LX"), T.dynamic("LY")
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w, has_b = plan.has_weight, plan.has_bias
     min_blocks = ln_min_blocks_per_sm(plan)
 
@@ -236,11 +236,76 @@ def layer_norm_fwd(plan: Plan):
     return main
 
 
+def layer_norm_long(plan: Plan):
+    """layer_norm_fwd beyond the register capacity (FRAGMENT_MAX_N): two reads of x, one row per
+    block, in segments of ``plan.padded`` columns. The first pass reduces each segment to its
+    (count, mean, M2), the mean first and then the centred squares (both from the segment in
+    registers), and merges them into the row's with Chan's formula: no E[x^2] - E[x]^2
+    cancellation on large-mean rows. Padded lanes are outside every count and sum. The second pass
+    walks the segments in reverse (the last read are still in L2) and normalises them."""
+    N, K, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
+    segs = -(-N // K)
+    NW, NB = _signature_sizes(plan)
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
+    has_w, has_b = plan.has_weight, plan.has_bias
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), B: T.Tensor((NB,), dt), Y: T.Tensor((LY,), dt),
+        MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
+    ):
+        with T.Kernel(M, threads=plan.threads) as bx:
+            seg = T.alloc_fragment((1, K), dt)
+            d = T.alloc_fragment((1, K), F32)
+            part = T.alloc_fragment((1,), F32)  # a segment's sum, then its M2
+            cnt = T.alloc_fragment((1,), F32)  # the row's so far: count, mean, M2
+            mean = T.alloc_fragment((1,), F32)
+            m2 = T.alloc_fragment((1,), F32)
+            sm = T.alloc_fragment((1,), F32)  # the segment's count and mean
+            nb = T.alloc_fragment((1,), F32)
+            T.annotate_layout({seg: _row_layout(plan, 1, K), d: _row_layout(plan, 1, K)})
+            cnt[0] = 0.0
+            mean[0] = 0.0
+            m2[0] = 0.0
+            for s in T.unroll(segs, annotations={"pragma_unroll_factor": 2}):  # as splitk: not fully
+                for r, j in T.Parallel(1, K):
+                    seg[r, j] = T.if_then_else(
+                        s * K + j < N, X[T.cast(bx, "int64") * sxv * vec + s * K + j], T.cast(0, dt))
+                for r, j in T.Parallel(1, K):
+                    d[r, j] = T.cast(seg[r, j], F32)
+                T.reduce_sum(d, part, dim=1)
+                nb[0] = T.cast(T.min(N - s * K, K), F32)  # K, or what is left of the row in the last segment
+                sm[0] = part[0] / nb[0]
+                for r, j in T.Parallel(1, K):
+                    d[r, j] = T.if_then_else(
+                        s * K + j < N, (T.cast(seg[r, j], F32) - sm[0]) * (T.cast(seg[r, j], F32) - sm[0]), 0.0)
+                T.reduce_sum(d, part, dim=1)
+                # Chan: n = na + nb, M2 += M2b + delta^2 na nb / n, mean += delta nb / n
+                m2[0] = m2[0] + part[0] + (sm[0] - mean[0]) * (sm[0] - mean[0]) * cnt[0] * (nb[0] / (cnt[0] + nb[0]))
+                mean[0] = mean[0] + (sm[0] - mean[0]) * (nb[0] / (cnt[0] + nb[0]))
+                cnt[0] = cnt[0] + nb[0]
+            m2[0] = T.rsqrt(m2[0] / N + eps)  # m2 now holds rstd
+            for s in T.unroll(segs, annotations={"pragma_unroll_factor": 2}):
+                for r, j in T.Parallel(1, K):
+                    seg[r, j] = T.if_then_else(
+                        (segs - 1 - s) * K + j < N,
+                        X[T.cast(bx, "int64") * sxv * vec + (segs - 1 - s) * K + j], T.cast(0, dt))
+                for r, j in T.Parallel(1, K):
+                    if (segs - 1 - s) * K + j < N:
+                        Y[T.cast(bx, "int64") * syv * vec + (segs - 1 - s) * K + j] = T.cast(_affine(
+                            (T.cast(seg[r, j], F32) - mean[0]) * m2[0], W, B, (segs - 1 - s) * K + j, has_w, has_b), dt)
+            MEAN[bx] = mean[0]
+            RSTD[bx] = m2[0]
+
+    return main
+
+
 BUILDERS = {
     "naive_row_per_block": rms_norm_naive,
     "fragment": rms_norm_fragment,
     "splitk": rms_norm_splitk,
     "layer_norm_fwd": layer_norm_fwd,
+    "layer_norm_long": layer_norm_long,
 }
 
 

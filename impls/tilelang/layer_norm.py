@@ -1,10 +1,10 @@
-"""LayerNorm in TileLang: layer_norm_fwd, the row in a register fragment, mean and rstd out."""
+"""LayerNorm in TileLang: layer_norm_fwd, mean and rstd out; the row in a register fragment up to
+FRAGMENT_MAX_N, beyond it two reads of x in segments merged with Chan's formula (_programs)."""
 from __future__ import annotations
 
 from impls.base import NormOutputs
 from impls.registry import register
 from impls.tilelang._kernel import TileLangKernel
-from impls.tilelang.plan import FRAGMENT_MAX_N
 
 
 @register
@@ -13,9 +13,8 @@ class TileLangLayerNormFwd(TileLangKernel):
     variant = "layer_norm_fwd"
     batch_invariant = False  # few rows may take a decode plan (m_thresholds)
     outputs = ("y", "mean", "rstd")
-    max_n = FRAGMENT_MAX_N
-    capacity = "register"
-    longer_rows_by = None  # no TileLang LayerNorm kernel loops over the row
+    # Any N: rows beyond FRAGMENT_MAX_N take the two-pass plan (plan.make_plan); one plan per N
+    # for every M there, and every reduction in a fixed order (deterministic).
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
         plan = self._launch_plan(x, out.y, weight, bias)

@@ -100,7 +100,10 @@ def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, 
     if variant == "naive_row_per_block":
         # Scalar accesses; one row per block.
         return Plan(variant, dt, n, has_weight, has_bias, 1, NAIVE_THREADS, 1, NAIVE_THREADS)
-    if variant == "splitk":
+    if variant == "splitk" or (variant == "layer_norm_fwd" and n > FRAGMENT_MAX_N):
+        # layer_norm_fwd's rows beyond the register capacity take its two-pass program, in
+        # splitk's segments (_programs.layer_norm_long).
+        variant = "layer_norm_long" if variant == "layer_norm_fwd" else variant
         tpr = SPLITK_THREADS
         seg = tpr * vec * SPLITK_VECTORS
         # Short rows need not pay for a segment much longer than the row.
