@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from impls.base import NormOutputs, cuda_present, dtype_name
+from impls.base import NormKernel, NormOutputs, cuda_present, dtype_name
 from impls.registry import register
 from impls.tilelang._kernel import TileLangKernel
 from impls.tilelang._long_plan import MAX_CLUSTER, cluster_max_n
@@ -21,6 +21,8 @@ class _ClusterKernel(TileLangKernel):
     batch_invariant = True
     longer_rows_note: str | None = None
     shorter_rows_kernel = ""
+    # No backward: the TileLang backward takes N <= 8192, and these kernels start at CLUSTER_MIN_N.
+    _backward = NormKernel._backward
 
     def unsupported(self, spec) -> str | None:
         if spec.n < CLUSTER_MIN_N:
