@@ -196,8 +196,11 @@ def test_liger_plugin_backward(op):
 def test_tilelang_backward_is_declared_once_per_op_and_refused_without_a_gpu():
     from impls.tilelang.backward import BWD_MAX_N, backward_plan
 
-    kernels = registry.kernels(["tilelang"])
-    assert kernels and all(k.has_backward for k in kernels)
+    everyone = registry.kernels(["tilelang"])
+    kernels = [k for k in everyone if k.has_backward]
+    # Every kernel but the long-row cluster kernels, which start beyond the backward's N.
+    assert {k.name for k in everyone} - {k.name for k in kernels} == {"tilelang.cluster", "tilelang.layer_norm_cluster"}
+    assert kernels
     declared = {k.op for k in kernels for b in k.offline_builds() if b[0] == "backward"}
     assert declared == {"rms_norm", "layer_norm"}
     # The plan pads the row to whole vectors per thread, as the forward's, up to BWD_MAX_N.
