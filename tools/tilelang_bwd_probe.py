@@ -27,11 +27,10 @@ from impls.tilelang.plan import choose_vec
 
 SHAPES = ((65536, 1024), (32768, 2048), (16384, 4096), (16384, 8192))
 VARIANT = {"rms_norm": "fragment", "layer_norm": "layer_norm_fwd"}
-# name -> backward_plan overrides; "v1" is the old program itself (tools/_tilelang_bwd_v1.py);
-# "v1-like" the new program in the old plan's shape: 2 vectors per thread, 32 rows per block, no
-# prefetch, no launch bound.
+# name -> backward_plan overrides; "v1-like" is the program in the 27152d6 plan's shape: 2 vectors
+# per thread, 32 rows per block, no prefetch, no launch bound (the old program itself was timed
+# against these at 2a25ea3: reports/h200/checks/60d1dbb-9c4da24/tilelang_bwd_probe-2a25ea3.txt).
 CANDIDATES = {
-    "v1": None,
     "rule": {},
     "v1-like": dict(vectors=2, block_m=32, prefetch=False, min_blocks=1),
     "fixed32": dict(block_m=32),
@@ -43,10 +42,6 @@ CANDIDATES = {
 
 
 def plan_of(op: str, n: int, name: str):
-    if CANDIDATES[name] is None:
-        from tools._tilelang_bwd_v1 import v1_plan
-
-        return v1_plan(op, n, choose_vec(torch.bfloat16, n))
     kw = dict(CANDIDATES[name])
     regs = kw.pop("regs", None)
     dt = torch.bfloat16
@@ -62,18 +57,10 @@ def all_plans(ops, shapes):
 
 
 def compiled_of(name: str, plan):
-    if CANDIDATES[name] is None:
-        from tools._tilelang_bwd_v1 import v1_kernel
-
-        return compiler.Compiled(plan, compiler.default_target(), v1_kernel(plan), 0.0)
     return compiler.compile_plan(plan)
 
 
 def runner(name: str, plan, x, w, dy, saved, out):
-    if CANDIDATES[name] is None:
-        from tools._tilelang_bwd_v1 import run_v1
-
-        return lambda: run_v1(plan, x, w, dy, saved, out)
     return lambda: run_backward_plan(plan, x, w, dy, saved, out)
 
 
