@@ -45,27 +45,15 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("kernel_bad", pairs, ids=[f"{k.op}-{k.name}-{bad}-{cache}" for k, bad, cache in pairs])
 
 
-# Row lengths a valid call may take, shortest first: a long-row kernel refuses N = 64.
-VALID_NS = (N, 16384, 65536)
-
-
-def _valid_n(kernel, device) -> int:
-    """The shortest of VALID_NS the kernel runs (a valid call, so edge-input checks call it where
-    it works); none: a skip with the kernel's own reason."""
-    reason = None
-    for n in VALID_NS:
-        try:
-            kernel(_x(device, shape=(2, n)), *_affine(kernel, device, n), 1e-5)
-            return n
-        except UnsupportedCase as exc:
-            reason = str(exc)
-    pytest.skip(reason)
+def _valid_n(kernel) -> int:
+    """The shortest row the edge-input checks may call the kernel at (a long-row kernel refuses N)."""
+    return max(N, kernel.min_n)
 
 
 def _warm(kernel, x, weight, bias, device) -> None:
     """Leave host fast-path plans (impls.fastpath) for the signatures nearest a bad call's: its own
     tensors where the interface accepts them, and the plain valid call."""
-    n = _valid_n(kernel, device)
+    n = _valid_n(kernel)
     for args in ((x, weight, bias), (x, None, None), (_x(device, shape=(4, n)), *_affine(kernel, device, n))):
         for _ in range(2):  # the second call runs the plan the first left
             try:
@@ -97,7 +85,7 @@ def _affine(kernel, device, n=N):
 
 def test_empty_batch_returns_empty_outputs(kernel):
     device = _runnable(kernel)
-    n = _valid_n(kernel, device)
+    n = _valid_n(kernel)
     x = _x(device, shape=(2, 0, n))
     out = kernel(x, *_affine(kernel, device, n), 1e-5)
     assert out.y.shape == (2, 0, n)
@@ -109,7 +97,7 @@ def test_empty_batch_returns_empty_outputs(kernel):
 
 def test_output_shapes_follow_input(kernel):
     device = _runnable(kernel)
-    n = _valid_n(kernel, device)
+    n = _valid_n(kernel)
     x = _x(device, shape=(2, 3, n))
     out = kernel(x, *_affine(kernel, device, n), 1e-5)
     assert out.y.shape == x.shape and out.y.dtype == x.dtype

@@ -125,6 +125,9 @@ class NormKernel:
     dtypes: ClassVar[tuple[torch.dtype, ...]] = SUPPORTED_DTYPES
     # Largest N the kernel handles; None means no limit.
     max_n: ClassVar[int | None] = None
+    # Shortest N it handles (a long-row kernel), and what runs shorter rows instead.
+    min_n: ClassVar[int] = 1
+    shorter_rows_note: ClassVar[str] = ""
     # How y is rounded: "once" (computed in float32, rounded once to x's dtype), or
     # "before_affine" (x^ rounded to x's dtype before the weight, x^*w again before the bias).
     # The harness allows exactly the extra error the declared contract implies.
@@ -207,6 +210,8 @@ class NormKernel:
             return f"{self.name} does not support dtype {dtype_name(spec.dtype)} (supports {names})"
         if self.max_n is not None and spec.n > self.max_n:
             return f"N={spec.n} exceeds {self.name}'s limit of {self.max_n}"
+        if spec.n < self.min_n:
+            return f"N={spec.n} < {self.min_n}: {self.name} is a long-row kernel" + self.shorter_rows_note
         return None
 
     # -- the call ---------------------------------------------------------------------------

@@ -11,23 +11,17 @@ from impls.tilelang._long_plan import MAX_CLUSTER, cluster_max_n
 from impls.tilelang.plan import choose_vec
 
 
-# Shorter rows fit one block of the row-per-block kernels, which need no cluster barrier: the
-# cluster kernels are for long rows only (and their checks stay out of the short-row catalogue).
-CLUSTER_MIN_N = 16384
-
-
 class _ClusterKernel(TileLangKernel):
     # Every block sums the cluster's partials in rank order, with one plan for every M.
     batch_invariant = True
     longer_rows_note: str | None = None
-    shorter_rows_kernel = ""
-    # No backward: the TileLang backward takes N <= 8192, and these kernels start at CLUSTER_MIN_N.
+    # Shorter rows fit one block of the row-per-block kernels, which need no cluster barrier: the
+    # cluster kernels are for long rows only (and their checks stay out of the short-row catalogue).
+    min_n = 16384
+    # No backward: the TileLang backward takes N <= 8192, and these kernels start at min_n.
     _backward = NormKernel._backward
 
     def unsupported(self, spec) -> str | None:
-        if spec.n < CLUSTER_MIN_N:
-            return (f"N={spec.n} < {CLUSTER_MIN_N}: {self.name} is a long-row kernel; "
-                    f"{self.shorter_rows_kernel} covers shorter rows")
         vec = choose_vec(spec.dtype, spec.n, (spec.row_stride, spec.n) if spec.rows > 1 else ())
         most = cluster_max_n(self.variant, dtype_name(spec.dtype), vec)
         if spec.n > most:
@@ -55,7 +49,7 @@ class TileLangRMSNormCluster(_ClusterKernel):
     op = "rms_norm"
     variant = "cluster"
     longer_rows_note = "; tilelang.splitk covers it"
-    shorter_rows_kernel = "tilelang.fragment"
+    shorter_rows_note = "; tilelang.fragment covers shorter rows"
     outputs = ("y", "rstd")
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
@@ -70,7 +64,7 @@ class TileLangLayerNormCluster(_ClusterKernel):
 
     op = "layer_norm"
     variant = "layer_norm_cluster"
-    shorter_rows_kernel = "tilelang.layer_norm_fwd"
+    shorter_rows_note = "; tilelang.layer_norm_fwd covers shorter rows"
     outputs = ("y", "mean", "rstd")
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
