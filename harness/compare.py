@@ -96,6 +96,8 @@ def compare(
     of a tiny value says nothing."""
     o = out.detach().double()
     r = ref.detach().double()
+    if not r.numel():
+        return ErrorStats(output=output, max_abs=0.0, max_ulp=0.0, rel_l2=0.0, worst_ratio=0.0, mismatched=0, numel=0)
     ref_nan = torch.isnan(r)
     nan_mismatch = torch.isnan(o) != ref_nan
     both = ~ref_nan & ~torch.isnan(o)
@@ -109,25 +111,37 @@ def compare(
     ratio = torch.where(both, err / allowed, torch.zeros_like(r))
     bad = nan_mismatch | inf_mismatch | (ratio > 1)
     finite_ref = torch.isfinite(r)
-    num = torch.linalg.vector_norm(torch.where(finite_ref & both, o - r, 0.0)).item()
-    den = torch.linalg.vector_norm(torch.where(finite_ref, r, 0.0)).item()
+    score = torch.where(nan_mismatch | inf_mismatch, math.inf, ratio)
+    flat = torch.argmax(score).reshape(1)
+    # Every statistic in one float64 vector, read back with one synchronisation (a check's
+    # comparisons otherwise wait on the GPU dozens of times, which the processes sharing it pay).
+    values = torch.cat([
+        torch.stack([
+            err.max(),
+            torch.where(both & ulp_governs, err / u, 0.0).max(),
+            score.max(),
+            bad.sum().double(),
+            torch.linalg.vector_norm(torch.where(finite_ref & both, o - r, 0.0)),
+            torch.linalg.vector_norm(torch.where(finite_ref, r, 0.0)),
+            bad.any().double(),
+        ]),
+        flat.double(), bad.reshape(-1)[flat].double(), o.reshape(-1)[flat], r.reshape(-1)[flat],
+    ]).tolist()
+    max_abs, max_ulp, worst_ratio, mismatched, num, den, any_bad, flat_i, bad_at, worst_out, worst_ref = values
     worst = None
-    if r.numel():
-        score = torch.where(nan_mismatch | inf_mismatch, math.inf, ratio)
-        flat = int(torch.argmax(score).item())
-        if bad.view(-1)[flat] or not bad.any():
-            worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), r.shape))
+    if bad_at or not any_bad:
+        worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(int(flat_i)), r.shape))
     return ErrorStats(
         output=output,
-        max_abs=float(err.max().item()) if err.numel() else 0.0,
-        max_ulp=float(torch.where(both & ulp_governs, err / u, 0.0).max().item()) if err.numel() else 0.0,
+        max_abs=float(max_abs),
+        max_ulp=float(max_ulp),
         rel_l2=num / den if den > 0 else (0.0 if num == 0 else math.inf),
-        worst_ratio=float(torch.where(nan_mismatch | inf_mismatch, math.inf, ratio).max().item()) if r.numel() else 0.0,
-        mismatched=int(bad.sum().item()),
+        worst_ratio=float(worst_ratio),
+        mismatched=int(mismatched),
         numel=r.numel(),
         worst_index=worst,
-        worst_out=float(o.view(-1)[flat]) if worst is not None else None,
-        worst_ref=float(r.view(-1)[flat]) if worst is not None else None,
+        worst_out=float(worst_out) if worst is not None else None,
+        worst_ref=float(worst_ref) if worst is not None else None,
         err_l2=num,
         ref_l2=den,
     )
@@ -159,7 +173,8 @@ def merge(parts: list[tuple[int, ErrorStats]]) -> ErrorStats:
 
 def row_scale(op: str, ref_mean, ref_rstd, weight) -> torch.Tensor:
     """scale_row of the module docstring, shape (..., 1), float64; NaN rows get 1."""
-    wmax = 1.0 if weight is None else max(float(weight.double().abs().max()), 1e-30)
+    # a 0-d tensor, not a float: reading it back would wait on the GPU
+    wmax = 1.0 if weight is None else weight.double().abs().max().clamp(min=1e-30)
     if op == "layer_norm":
         cond = 1.0 + (ref_mean.abs() * ref_rstd)
     else:
@@ -233,32 +248,70 @@ def stat_allowance(name: str, op: str, ref, stat_dtype: torch.dtype) -> torch.Te
     return STAT_ULPS[stat_dtype] * ulp(getattr(ref, name), stat_dtype) + stat_floor(name, op, ref, stat_dtype)
 
 
+class AgreementScales:
+    """The allowances one case's agreement comparisons divide by, computed once per case (every
+    pair of kernels that ran it divides by the same ones): y's without any rounding contract's
+    extra, and each statistic's per statistics dtype."""
+
+    def __init__(self, op: str, ref, x_dtype: torch.dtype, weight):
+        self.op, self.ref, self.x_dtype, self.weight = op, ref, x_dtype, weight
+        self._y = None
+        self._stats: dict = {}
+
+    def y(self, extra: torch.Tensor | None) -> torch.Tensor:
+        if self._y is None:
+            self._y = y_allowance(self.op, self.ref, self.x_dtype, self.weight)
+        return self._y if extra is None else self._y + extra
+
+    def stat(self, name: str, stat_dtype: torch.dtype) -> torch.Tensor:
+        key = (name, stat_dtype)
+        if key not in self._stats:
+            self._stats[key] = stat_allowance(name, self.op, self.ref, stat_dtype)
+        return self._stats[key]
+
+
 def agreement(op: str, ref, x_dtype: torch.dtype, weight, a: tuple, b: tuple) -> tuple[float, str]:
     """How far two kernels' outputs on the same inputs are apart, in units of the allowed error
     (1: as far as either may be from the oracle), over y and the statistics both wrote; and the
     output where they are furthest apart. ``a`` and ``b``: (outputs, y's extra allowance, stat dtype)."""
-    (oa, ea, sa), (ob, eb, sb) = a, b
-    extras = [e for e in (ea, eb) if e is not None]  # a looser rounding contract widens y's allowance
-    extra = torch.maximum(*extras) if len(extras) == 2 else (extras[0] if extras else None)
-    worst = (distance(oa.y, ob.y, y_allowance(op, ref, x_dtype, weight, extra)), "y")
-    for name in ("mean", "rstd"):
-        ta, tb = getattr(oa, name), getattr(ob, name)
-        if ta is None or tb is None or getattr(ref, name) is None:
-            continue
-        allowed = torch.maximum(stat_allowance(name, op, ref, sa), stat_allowance(name, op, ref, sb))
-        worst = max(worst, (distance(ta.reshape(-1), tb.reshape(-1), allowed.reshape(-1)), name))
-    return worst
+    return agreements(AgreementScales(op, ref, x_dtype, weight), a, {"b": b})["b"]
+
+
+def agreements(scales: AgreementScales, mine: tuple, others: dict) -> dict:
+    """``agreement`` of ``mine`` with each of ``others`` (name -> (outputs, extra, stat dtype)),
+    as name -> (difference, output furthest apart), read back from the GPU at once."""
+    oa, ea, sa = mine
+    parts, labels = [], []
+    for name, (ob, eb, sb) in others.items():
+        extras = [e for e in (ea, eb) if e is not None]  # a looser rounding contract widens y's allowance
+        extra = torch.maximum(*extras) if len(extras) == 2 else (extras[0] if extras else None)
+        parts.append(distance_tensor(oa.y, ob.y, scales.y(extra)))
+        labels.append((name, "y"))
+        for stat in ("mean", "rstd"):
+            ta, tb = getattr(oa, stat), getattr(ob, stat)
+            if ta is None or tb is None or getattr(scales.ref, stat) is None:
+                continue
+            allowed = torch.maximum(scales.stat(stat, sa), scales.stat(stat, sb))
+            parts.append(distance_tensor(ta.reshape(-1), tb.reshape(-1), allowed.reshape(-1)))
+            labels.append((name, stat))
+    found: dict = {}
+    for (name, output), d in zip(labels, torch.stack(parts).tolist() if parts else []):
+        found[name] = max(found.get(name, (d, output)), (d, output))
+    return found
+
+
+def distance_tensor(a: torch.Tensor, b: torch.Tensor, allowance: torch.Tensor) -> torch.Tensor:
+    """``distance`` as a 0-d float64 tensor, computed without waiting on the GPU."""
+    if not a.numel():
+        return torch.zeros((), dtype=torch.float64, device=a.device)
+    a64, b64 = a.double(), b.double()
+    na, nb = torch.isnan(a64), torch.isnan(b64)
+    d = torch.where(a64 == b64, 0.0, (a64 - b64).abs() / allowance)
+    d = torch.where(na & nb, 0.0, d)  # NaN in both: agreement
+    return torch.where(na != nb, math.inf, d).max()  # NaN in one only: infinitely apart
 
 
 def distance(a: torch.Tensor, b: torch.Tensor, allowance: torch.Tensor) -> float:
     """Largest difference between two kernels' outputs in units of the allowed error (so 1 means
     they differ by as much as either may err); NaN-pattern differences count as infinite."""
-    a64, b64 = a.double(), b.double()
-    if not torch.equal(torch.isnan(a64), torch.isnan(b64)):
-        return math.inf
-    keep = ~torch.isnan(a64)
-    if not keep.any():
-        return 0.0
-    a64, b64, allowance = a64[keep], b64[keep], allowance.expand_as(keep)[keep]
-    d = torch.where(a64 == b64, 0.0, (a64 - b64).abs() / allowance)
-    return float(d.max().item())
+    return float(distance_tensor(a, b, allowance).item())

@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from harness.compare import MANTISSA_BITS, ErrorStats, compare, distance, ulp
+from harness.compare import MANTISSA_BITS, ErrorStats, compare, distance_tensor, ulp
 from impls.base import NormGrads, NormOutputs
 
 U32 = 2.0**-24  # unit roundoff of float32 arithmetic
@@ -127,12 +127,35 @@ def agreement(ref: BackwardReference, x_dtype: torch.dtype, a: tuple, b: tuple) 
     """How far two kernels' gradients on the same case are apart in units of the allowed error
     (the larger of the two kernels' allowances), and the gradient furthest apart. ``a`` and
     ``b``: (NormGrads, stat dtype)."""
-    (ga, sa), (gb, sb) = a, b
-    wa, wb = allowances_of(ref, x_dtype, sa), allowances_of(ref, x_dtype, sb)
-    worst = (0.0, "dx")
-    for name in wa:
-        ta, tb = getattr(ga, name), getattr(gb, name)
-        if ta is None or tb is None:
-            continue
-        worst = max(worst, (distance(ta.reshape(-1), tb.reshape(-1), torch.maximum(wa[name], wb[name]).reshape(-1)), name))
-    return worst
+    return agreements(ref, x_dtype, a, {"b": b})["b"]
+
+
+def agreements(ref: BackwardReference, x_dtype: torch.dtype, mine: tuple, others: dict,
+               cache: dict | None = None) -> dict:
+    """``agreement`` of ``mine`` with each of ``others`` (name -> (NormGrads, stat dtype)), as
+    name -> (difference, gradient furthest apart), read back from the GPU at once. ``cache``
+    keeps the case's allowances per statistics dtype between calls on the same case."""
+    cache = {} if cache is None else cache
+
+    def allowed(stat_dtype):
+        if stat_dtype not in cache:
+            cache[stat_dtype] = allowances_of(ref, x_dtype, stat_dtype)
+        return cache[stat_dtype]
+
+    ga, sa = mine
+    parts, labels = [], []
+    for other, (gb, sb) in others.items():
+        wa, wb = allowed(sa), allowed(sb)
+        labels.append((other, "dx", None))  # each pair starts at (0, "dx"), as with no gradient compared
+        for name in wa:
+            ta, tb = getattr(ga, name), getattr(gb, name)
+            if ta is None or tb is None:
+                continue
+            parts.append(distance_tensor(ta.reshape(-1), tb.reshape(-1), torch.maximum(wa[name], wb[name]).reshape(-1)))
+            labels.append((other, name, len(parts) - 1))
+    values = torch.stack(parts).tolist() if parts else []
+    found: dict = {}
+    for other, name, k in labels:
+        d = 0.0 if k is None else values[k]
+        found[other] = max(found.get(other, (d, name)), (d, name))
+    return found

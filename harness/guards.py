@@ -104,37 +104,66 @@ class GuardFinding:
         return f"{self.output}: {self.count} {self.kind} element(s), first at {where} {self.first}"
 
 
-def _scan(mask, *tensors) -> tuple[int, list[int] | None]:
-    """How many elements ``mask(*parts)`` marks over equal-shaped tensors, and the index of the
-    first; the tensors are taken CHUNK_ELEMENTS at a time along their first dimension."""
+def _chunks(*tensors):
+    """Equal-shaped tensors, CHUNK_ELEMENTS at a time along their first dimension, with the first
+    row of each chunk."""
     if tensors[0].dim() == 0:
         tensors = tuple(t.reshape(1) for t in tensors)
     per_row = max(1, tensors[0][0].numel()) if tensors[0].shape[0] else 1
     step = max(1, CHUNK_ELEMENTS // per_row)
-    count, first = 0, None
     for r0 in range(0, tensors[0].shape[0], step):
-        marked = mask(*(t[r0:r0 + step] for t in tensors))
-        found = int(marked.sum())
-        if found and first is None:
-            first = [int(i) for i in torch.nonzero(marked)[0]]
+        yield r0, tuple(t[r0:r0 + step] for t in tensors)
+
+
+def _count(mask, *tensors) -> torch.Tensor:
+    """How many elements ``mask(*parts)`` marks, as a tensor (not read back: a check reads all
+    its counts with one synchronisation)."""
+    total = torch.zeros((), dtype=torch.int64, device=tensors[0].device)
+    for _, parts in _chunks(*tensors):
+        total = total + mask(*parts).sum()
+    return total
+
+
+def _first(mask, *tensors) -> list[int] | None:
+    """The index of the first element ``mask`` marks (read only for a finding)."""
+    for r0, parts in _chunks(*tensors):
+        marked = torch.nonzero(mask(*parts))
+        if marked.shape[0]:
+            first = [int(i) for i in marked[0]]
             first[0] += r0
-        count += found
-    return count, first
+            return first
+    return None
+
+
+def _read(counts: list[torch.Tensor]) -> list[int]:
+    return [int(c) for c in torch.stack(counts).tolist()] if counts else []
 
 
 def inspect(guards: list[Guarded]) -> list[GuardFinding]:
-    """Unwritten elements and out-of-bounds writes, per output."""
-    findings = []
+    """Unwritten elements and out-of-bounds writes, per output. Every count is read back at
+    once; the first offending element is looked for only where there is one."""
+    plan, counts = [], []
     for g in guards:
         poison = POISON_BITS[g.buffer.dtype]
         rows = g.bits().as_strided((g.rows, g.n), (g.n + g.gap, 1), HEAD)
-        count, where = _scan(lambda b: b == poison, rows)
+        unwritten = lambda b, poison=poison: b == poison
+        clobber = lambda b, poison=poison: b != poison
+        regions = g.canaries()
+        plan.append((g, rows, unwritten, clobber, regions))
+        counts.append(_count(unwritten, rows))
+        counts.extend(_count(clobber, region) for _, region in regions)
+    read = iter(_read(counts))
+    findings = []
+    for g, rows, unwritten, clobber, regions in plan:
+        count = next(read)
         if count:
+            where = _first(unwritten, rows)
             findings.append(GuardFinding(g.name, "unwritten", count, _first_in_view(g, where[0] * (g.n + g.gap) + where[1])))
         clobbered, first = 0, None
-        for offset, region in g.canaries():
-            found, where = _scan(lambda b: b != poison, region)
+        for offset, region in regions:
+            found = next(read)
             if found and first is None:  # regions in buffer order: the first region's first is the first
+                where = _first(clobber, region)
                 first = offset + where[0] * (g.n + g.gap) + where[1] - HEAD
             clobbered += found
         if clobbered:
@@ -157,11 +186,12 @@ def snapshot_inputs(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 def inputs_modified(before: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> list[GuardFinding]:
     """Inputs (x with the padding between its rows, weight, bias) that the kernel wrote to."""
+    def changed(a, b):
+        return a.view(_INT_VIEW[a.element_size()]) != b.view(_INT_VIEW[b.element_size()])
+
+    names = list(before)
     findings = []
-    for name, old in before.items():
-        new = tensors[name]
-        count, first = _scan(lambda a, b: a.view(_INT_VIEW[a.element_size()]) != b.view(_INT_VIEW[b.element_size()]),
-                             new, old)
+    for name, count in zip(names, _read([_count(changed, tensors[n], before[n]) for n in names])):
         if count:
-            findings.append(GuardFinding(name, "input modified", count, first))
+            findings.append(GuardFinding(name, "input modified", count, _first(changed, tensors[name], before[name])))
     return findings

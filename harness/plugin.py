@@ -98,6 +98,7 @@ class HarnessState:
     session: pytest.Session | None = None
     _last_case: str | None = None
     _last_outputs: dict = field(default_factory=dict)
+    _last_scales: compare.AgreementScales | None = None
     started: float = field(default_factory=time.time)
     _last_write: float = field(default_factory=time.time)
 
@@ -157,14 +158,15 @@ class HarnessState:
         check's report (add_agreement)."""
         case = result.case
         if case.id != self._last_case:
-            self._last_case, self._last_outputs = case.id, {}
+            self._last_case, self._last_outputs, self._last_scales = case.id, {}, None
         if result.outputs is None:
             return []
-        found = []
-        inputs, ref = self.oracle.get(case, result.outputs.y.device.type)
+        if self._last_scales is None:
+            inputs, ref = self.oracle.get(case, result.outputs.y.device.type)
+            self._last_scales = compare.AgreementScales(case.op, ref, case.torch_dtype, inputs.weight)
         mine = (result.outputs, result.y_extra, result.stat_dtype)
-        for other, theirs in self._last_outputs.items():
-            d, output = compare.agreement(case.op, ref, case.torch_dtype, inputs.weight, mine, theirs)
+        found = []
+        for other, (d, output) in compare.agreements(self._last_scales, mine, self._last_outputs).items():
             a, b = sorted((result.kernel, other))
             found.append((case.op, case.dtype, a, b, float(d), case.id if output == "y" else f"{case.id} ({output})"))
         self._last_outputs[result.kernel] = mine
@@ -341,6 +343,27 @@ def pytest_configure(config):
         config.pluginmanager.register(state.controller, "normdiff-controller")
     elif not is_benchmark_run(config):
         state.watch = isolation.CallWatch(config)
+    _start_profile(config)
+
+
+# A diagnostic: NORMDIFF_PROFILE=DIR runs cProfile in the xdist workers named by
+# NORMDIFF_PROFILE_WORKERS (default gw0; one worker's profile leaves the others' timing alone)
+# and writes DIR/<worker>.prof at its end, for pstats or snakeviz.
+def _start_profile(config) -> None:
+    where, worker = os.environ.get("NORMDIFF_PROFILE"), isolation.worker_id(config)
+    if where and worker in os.environ.get("NORMDIFF_PROFILE_WORKERS", "gw0").split(","):
+        import cProfile
+
+        config._normdiff_profile = (cProfile.Profile(), Path(where) / f"{worker}.prof")
+        config._normdiff_profile[0].enable()
+
+
+def pytest_unconfigure(config):
+    profile = getattr(config, "_normdiff_profile", None)
+    if profile is not None:
+        profile[0].disable()
+        profile[1].parent.mkdir(parents=True, exist_ok=True)
+        profile[0].dump_stats(profile[1])
 
 
 def pytest_report_header(config):

@@ -57,15 +57,18 @@ def _ordered(bits: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 # -- determinism ----------------------------------------------------------------------------------
 def determinism(kernel: NormKernel, case: Case, device: str) -> list[BitDiff]:
-    """Two calls on the case's inputs into fresh outputs; what differs. The first is validated (its
-    outputs given), the second takes the host fast path the first left behind (impls.fastpath),
-    so the fast path is held to the validated call's bits as well."""
+    """Calls on the case's inputs into fresh outputs; what differs from the first. The first is
+    validated (its outputs given), the second takes the host fast path the first left behind
+    (impls.fastpath), the third the native path the second recorded where the kernel has one
+    (impls.native): each path is held to the validated call's bits as well."""
     inp = make_inputs(case, device)
     first = kernel(inp.x, inp.weight, inp.bias, inp.eps, out=kernel.allocate(inp.x))
-    second = kernel(inp.x, inp.weight, inp.bias, inp.eps)
+    later = [kernel(inp.x, inp.weight, inp.bias, inp.eps)]
+    if kernel.__dict__.get("_native") is not None:
+        later.append(kernel(inp.x, inp.weight, inp.bias, inp.eps))
     if device == "cuda":
         torch.cuda.synchronize()
-    return bit_diffs(first, second)
+    return [d for other in later for d in bit_diffs(first, other)]
 
 
 def backward_determinism(kernel: NormKernel, case: Case, device: str) -> list[BitDiff]:

@@ -12,7 +12,7 @@ from harness.plugin import record
 from harness.run import STATE
 
 _ORACLE = runner.BackwardOracleCache()  # one per process: a case's checks run one after another
-_LAST: dict = {"case": None, "grads": {}}  # the gradients of the kernels that ran the last case here
+_LAST: dict = {"case": None, "grads": {}, "allowances": {}}  # the last case here: its kernels' gradients, its allowances
 
 
 def pytest_generate_tests(metafunc):
@@ -31,14 +31,14 @@ def _agreement(result) -> list[tuple]:
     this process, as agreement cells of the op's backward table (op "<op> backward")."""
     case = result.case
     if case.id != _LAST["case"]:
-        _LAST.update(case=case.id, grads={})
+        _LAST.update(case=case.id, grads={}, allowances={})
     if result.grads is None:
         return []
     ref = _ORACLE.get(case, result.grads.dx.device.type)[3]
     mine = (result.grads, result.stat_dtype)
     cells = []
-    for other, theirs in _LAST["grads"].items():
-        d, output = compare_backward.agreement(ref, case.torch_dtype, mine, theirs)
+    for other, (d, output) in compare_backward.agreements(ref, case.torch_dtype, mine, _LAST["grads"],
+                                                           _LAST["allowances"]).items():
         a, b = sorted((result.kernel, other))
         cells.append((f"{case.op} backward", case.dtype, a, b, float(d), f"{case.id} ({output})"))
     _LAST["grads"][result.kernel] = mine

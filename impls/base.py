@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from impls import fastpath
+from impls import fastpath, native
 
 Op = Literal["rms_norm", "layer_norm"]
 OPS: tuple[str, ...] = ("rms_norm", "layer_norm")
@@ -223,6 +223,11 @@ class NormKernel:
         eps: float | None = None,
         out: NormOutputs | None = None,
     ) -> NormOutputs:
+        native_table = self.__dict__.get("_native")
+        if native_table is not None and out is None:
+            got = native_table(x, weight, bias, eps)  # None: not a recorded signature, or eps to judge
+            if got is not None:
+                return got
         plans = self.__dict__.get("_plans")
         key = fastpath.call_signature(x, weight, bias)
         if plans is not None and out is None and key is not None:
@@ -249,7 +254,10 @@ class NormKernel:
             if key not in plans:
                 if len(plans) >= fastpath.PLAN_LIMIT:
                     plans.clear()
-                plans[key] = self.fast_plan(x, x2, weight, bias, spec)
+                plan = self.fast_plan(x, x2, weight, bias, spec)
+                if self.project and spec.device == "cuda" and native.ENABLED:
+                    plan = native.recording(self, plans, key, plan)  # the signature's second call records
+                plans[key] = plan
         out2 = NormOutputs(
             y=rows_view(out.y, "out.y", allow_copy=False),
             mean=None if out.mean is None else out.mean.view(-1),
@@ -263,6 +271,11 @@ class NormKernel:
         ``(x, weight, bias, eps) -> NormOutputs`` that allocates and launches, nothing else. The
         default runs ``_forward``; backends return leaner launches."""
         return fastpath.generic_plan(x, x2, self.outputs, self._forward)
+
+    def persistent_buffers(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Tensors this kernel keeps between calls and hands to its launches (a placeholder for an
+        absent weight): a recorded launch (impls.native) may point at them."""
+        return []
 
     # -- the backward (optional) ------------------------------------------------------------
     @property

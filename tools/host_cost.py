@@ -1,5 +1,6 @@
-"""Where a call's host time goes (GPU): host µs per call of each kernel's user call with the host
-fast path on and off, a cProfile of the project's entry points, and TileLang's execution backends.
+"""Where a call's host time goes (GPU): host µs per call of each kernel's user call on the native
+path (impls.native), on the Python fast path and validated every time, a cProfile of the
+project's entry points, and TileLang's execution backends.
 
     python -m tools.host_cost --backend-file examples/liger_backend.py --json OUT/host_cost.json
 
@@ -18,12 +19,13 @@ import statistics
 import torch
 
 from harness import timing
-from impls import fastpath, registry
+from impls import fastpath, native, registry
 from tools import _session
 
-SHAPES = ((1, 4096), (64, 4096), (65536, 1024))
-KERNELS = ("triton.auto", "tilelang.fragment", "tilelang.layer_norm_fwd", "tilelang.splitk", "torch.eager",
-           "liger.fused", "apex.fused", "torch_compile.inductor")
+# issue 20's shapes: the benchmark's decode shapes and its N = 1024 and 2048 bandwidth shapes
+SHAPES = ((1, 4096), (8, 4096), (64, 4096), (65536, 1024), (32768, 2048))
+KERNELS = ("triton.auto", "triton.invariant", "tilelang.fragment", "tilelang.naive_row_per_block", "tilelang.splitk",
+           "tilelang.layer_norm_fwd", "torch.eager", "liger.fused", "apex.fused", "torch_compile.inductor")
 
 
 def _inputs(op, m, n, dtype):
@@ -86,6 +88,7 @@ def main() -> None:
     args = ap.parse_args()
     registry.load_all(args.backend_file)
     tools, ceiling = _session.start()
+    print("native path:", "ready" if native.wait(300) is not None else native.status(), flush=True)
     dtype = getattr(torch, args.dtype)
     results, profiles = [], {}
     for op in ("rms_norm", "layer_norm"):
@@ -100,14 +103,21 @@ def main() -> None:
                 if k.unavailable() or k.unsupported(k_spec(k, x, w, b)):
                     continue
                 what, call = k.user_call(x, w, b, 1e-5)
-                call()
+                for _ in range(3):  # validated, Python fast path (records), native
+                    call()
                 torch.cuda.synchronize()
                 row = {"op": op, "m": m, "n": n, "kernel": name, "call": what, "host_us": host_us(call, tools)}
-                if k.project:  # the same call validated every time
-                    fastpath.ENABLED = False
+                if k.project:
+                    table = k.__dict__.pop("_native", None)
+                    row["path"] = "native" if table is not None else f"python: {native.refusals().get(k.name, native.status())}"
+                    if table is not None:  # the same call on the Python fast path
+                        row["host_us_python"] = host_us(call, tools)
+                    fastpath.ENABLED = False  # and validated every time
                     k.__dict__.pop("_plans", None)
                     row["host_us_validated"] = host_us(call, tools)
                     fastpath.ENABLED = True
+                    if table is not None:
+                        k._native = table
                     call()
                     if m == 1:
                         profiles[f"{op} {m}x{n} {name}"] = profile(call, args.profile_calls, args.top)

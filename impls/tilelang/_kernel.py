@@ -134,6 +134,9 @@ class TileLangKernel(TileLangBackward, NormKernel):
         weight, bias = (params + (None, None))[:2]
         return self.plan_for(x.dtype, n, weight is not None, bias is not None, vec, m)
 
+    def persistent_buffers(self, x):
+        return [_dummy(x.device, x.dtype)]
+
     def fast_plan(self, x, x2, weight, bias, spec):
         """The host fast path (impls.fastpath): the compiled kernel and its scalar arguments fixed
         for this signature; a call allocates, views x and y flat and calls the kernel."""

@@ -1,0 +1,242 @@
+"""The native call path: a warm call's launches replayed from C++ (``launch.cpp``).
+
+The Python fast path (``impls.fastpath``) still spends its host time in Python: the signature,
+two or three torch allocations and the launcher's argument handling, about 20 µs a call against
+eager torch's 10-13 µs. Here the first call of a signature with outputs left to the kernel is
+recorded instead: the kernel's own launch code runs once more under CUDA stream capture, on
+fresh stand-ins for the call's tensors (same shapes, strides, dtypes and 16-byte alignment), and
+the captured graph gives every launch's function, grid, block, shared memory and parameter
+bytes. A parameter equal to a stand-in's data pointer, or to the float32 bits of the marker eps,
+is filled from the call each time; every other parameter keeps its recorded bytes. Later calls
+of the signature are one C++ call: signature lookup, output allocation, cuLaunchKernel.
+
+A recording is refused, and the call keeps the Python fast path, where it cannot be replayed
+exactly: a node that is not a kernel launch (a memset, a copy), parameters passed packed, a
+parameter that points at device memory other than the call's tensors (a workspace allocated per
+call), no parameter carrying eps. ``refusals()`` says why, per kernel.
+
+The extension is built with torch's cpp_extension on first use, in a background thread (about
+half a minute, once per torch version; the cache is torch's extensions directory), so no call
+waits for the compiler: calls take the Python fast path until it is ready. ``wait()`` blocks
+until then (benchmarks call it). ``python -m impls.native`` builds it in the foreground.
+NORMDIFF_NATIVE=0 turns the path off.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import weakref
+from pathlib import Path
+
+import torch
+
+ENABLED = os.environ.get("NORMDIFF_NATIVE", "1") != "0"
+SOURCE = Path(__file__).with_name("launch.cpp")
+EPS_MARKER = 0.000123456789  # recorded as eps: its float32 bits mark the eps parameter
+_EPS_BITS = struct.pack("<f", EPS_MARKER)
+X, W, B, Y, MEAN, RSTD, EPS = range(7)  # as launch.cpp's Source
+
+_lock = threading.Lock()
+_state = {"module": None, "error": None, "thread": None}
+_done = threading.Event()
+_refusals: dict[str, str] = {}  # kernel name -> why its last recording was refused
+# Kernels whose signatures met no built extension: when it is ready their Python plans are
+# dropped, so each signature's next call is validated once more and recorded.
+_waiting: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _build():
+    from torch.utils import cpp_extension
+
+    # torch's extensions directory names the Python and CUDA build; load() rebuilds on a change of source.
+    return cpp_extension.load(name="normdiff_native", sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False)
+
+
+def _build_in_background() -> None:
+    try:
+        module = _build()
+        problem = module.driver_error()
+        if problem:
+            _state["error"] = problem
+        else:
+            _state["module"] = module
+            for kernel in list(_waiting):
+                kernel.__dict__.get("_plans", {}).clear()
+    except Exception as exc:  # a missing compiler, a failed build: the Python path stays
+        _state["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+    finally:
+        _done.set()
+
+
+def module(start: bool = True):
+    """The built extension, or None while it is building, failed, or was never asked for."""
+    if _state["module"] is not None or not ENABLED:
+        return _state["module"]
+    if start and _state["thread"] is None:
+        with _lock:
+            if _state["thread"] is None:
+                _state["thread"] = threading.Thread(target=_build_in_background, name="normdiff-native-build", daemon=True)
+                _state["thread"].start()
+    return None
+
+
+def wait(timeout: float | None = None):
+    """Start the build if needed and wait for it; the module, or None (then ``status()`` says why)."""
+    if not ENABLED:
+        return None
+    module()
+    _done.wait(timeout)
+    return _state["module"]
+
+
+def status() -> str:
+    if not ENABLED:
+        return "off (NORMDIFF_NATIVE=0)"
+    if _state["module"] is not None:
+        return "ready"
+    if _state["error"]:
+        return f"unavailable: {_state['error']}"
+    return "building" if _state["thread"] is not None else "not built yet (built on the first CUDA call)"
+
+
+def refusals() -> dict[str, str]:
+    return dict(_refusals)
+
+
+def _stand_in(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A fresh tensor with t's shape, strides, dtype, device and data pointer modulo 16."""
+    if t is None:
+        return None
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 1
+    pad = 16 // t.element_size()
+    buffer = torch.empty(span + pad, dtype=t.dtype, device=t.device)
+    shift = ((t.data_ptr() & 15) - (buffer.data_ptr() & 15)) % 16 // t.element_size()
+    view = buffer.as_strided(tuple(t.shape), tuple(t.stride()), shift)
+    assert view.data_ptr() & 15 == t.data_ptr() & 15
+    return view
+
+
+def recording(kernel, plans: dict, key, plan):
+    """``plan`` (the Python fast path of a signature), wrapped so that its first run also records
+    the signature's native launches and then leaves the plain plan in ``plans``: a signature
+    called once costs no recording, and the kernel has compiled by then."""
+
+    def first(x, weight, bias, eps):
+        got = plan(x, weight, bias, eps)
+        if plans.get(key) is first:
+            plans[key] = plan
+        from impls.base import rows_view
+
+        record(kernel, x, rows_view(x, "x", allow_copy=False), weight, bias)
+        return got
+
+    return first
+
+
+def record(kernel, x: torch.Tensor, x2: torch.Tensor, weight, bias) -> None:
+    """Record the launches of ``kernel`` for this call's signature into its native table (see the
+    module docstring); a refusal is kept in ``refusals()``."""
+    from impls.base import NormOutputs, rows_view
+
+    mod = module()
+    if mod is None:
+        if _state["error"] is None:
+            _waiting.add(kernel)
+        return
+    if torch.cuda.is_current_stream_capturing():  # the caller's own capture: not inside it
+        return
+    try:
+        launches, keep = _capture(mod, kernel, x, x2, weight, bias, NormOutputs, rows_view)
+    except _Refused as why:
+        _refusals[kernel.name] = str(why)
+        return
+    except RuntimeError as exc:  # the driver refused a capture or a query
+        _refusals[kernel.name] = f"capture failed: {str(exc).strip().splitlines()[0]}"
+        return
+    table = kernel.__dict__.get("_native")
+    if table is None:
+        from impls.fastpath import PLAN_LIMIT
+        from impls.base import DEFAULT_EPS
+
+        hooks = None
+        if kernel.backend == "triton":
+            from impls.triton._launch import state
+
+            hooks = state().triton.knobs.runtime
+        table = mod.PlanTable(NormOutputs, "mean" in kernel.outputs, "rstd" in kernel.outputs,
+                              DEFAULT_EPS[kernel.op], torch.Tensor, hooks, PLAN_LIMIT)
+    table.add(x, weight, bias, x.device.index if x.device.index is not None else torch.cuda.current_device(),
+              launches, keep)
+    kernel._native = table
+    _refusals.pop(kernel.name, None)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _capture(mod, kernel, x, x2, weight, bias, NormOutputs, rows_view):
+    sx, sw, sb = _stand_in(x), _stand_in(weight), _stand_in(bias)
+    out = kernel.allocate(sx)
+    sx2 = rows_view(sx, "x", allow_copy=False)
+    out2 = NormOutputs(y=rows_view(out.y, "out.y", allow_copy=False),
+                       mean=None if out.mean is None else out.mean.view(-1),
+                       rstd=None if out.rstd is None else out.rstd.view(-1))
+    if sx2.shape != x2.shape or sx2.stride() != x2.stride():
+        raise _Refused("the rows view of a stand-in differs from the call's")
+    pointers = {}
+    for t, src in ((sx, X), (sw, W), (sb, B), (out.y, Y), (out.mean, MEAN), (out.rstd, RSTD)):
+        if t is not None:
+            pointers.setdefault(t.data_ptr(), src)
+    current = torch.cuda.current_stream(x.device)
+    side = torch.cuda.Stream(x.device)
+    side.wait_stream(current)
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.stream(side):
+        graph.capture_begin(capture_error_mode="relaxed")
+        try:
+            kernel._forward(sx2, sw, sb, EPS_MARKER, out2)
+        finally:
+            graph.capture_end()
+    current.wait_stream(side)
+    nodes = mod.read_graph(graph.raw_cuda_graph())
+    del graph
+    if not nodes:
+        raise _Refused("the capture holds no kernel launch")
+    # Memory the launch code allocated for itself (a workspace) is neither the call's nor one of
+    # the kernel's lasting placeholders: a launch that points at it cannot be replayed.
+    keep = [t for t in kernel.persistent_buffers(x) if t.data_ptr() not in pointers]
+    allowed = {t.data_ptr() for t in keep}
+    launches, eps_found = [], 0
+    for func, grid, block, smem, params, offsets, sizes in nodes:
+        sources = []
+        for offset, size in zip(offsets, sizes):
+            raw = params[offset:offset + size]
+            src = -1
+            if size == 8:
+                value = int.from_bytes(raw, "little")
+                if value in pointers:
+                    src = pointers[value]
+                elif value not in allowed and mod.is_device_pointer(value):
+                    raise _Refused(f"a launch parameter points at device memory that is not the call's ({value:#x})")
+            elif size == 4 and raw == _EPS_BITS:
+                src, eps_found = EPS, eps_found + 1
+            elif size not in (1, 2, 4, 8):
+                raise _Refused(f"a launch parameter of {size} bytes (a struct such as a TMA descriptor)")
+            sources.append(src)
+        launches.append((func, tuple(grid), tuple(block), smem, params, list(offsets), sources))
+    if not eps_found:
+        raise _Refused("no launch parameter carries eps (compiled in?)")
+    return launches, keep
+
+
+def main() -> int:
+    print("building normdiff's native launcher ...", flush=True)
+    mod = wait()
+    print(status())
+    return 0 if mod is not None else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
