@@ -232,9 +232,9 @@ class GraphTimer(EventTimer):
 
 
 # -- host-inclusive cost of the call a user makes (NormKernel.user_call) -------------------------
-HOST_CALLS = 50  # back-to-back calls per host measurement
+HOST_CALLS = 200  # back-to-back calls per host measurement (fewer: the host's noise decides)
 WALL_SECONDS = 0.01  # GPU time of back-to-back calls per wall measurement
-HOST_REPEATS = 3  # measurements of each; the median is the result
+HOST_REPEATS = 5  # measurements of each; the median is the result
 
 
 def host_call_us(fn, tools: GpuTools, calls: int = HOST_CALLS) -> float:

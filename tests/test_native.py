@@ -83,6 +83,7 @@ def test_replay_gives_validated_bits(sig):
             want = k(x, w, b, eps, out=k.allocate(x))
             got = k(x, w, b, eps)
             torch.cuda.synchronize()
+            assert type(got) is type(want)
             _bits_equal(want, got)
         table = k.__dict__.get("_native")
         ran.append((k.name, k.op, "native" if table is not None and len(table) else native.refusals().get(k.name)))

@@ -21,6 +21,8 @@ jobs=$(nproc)
 liger=(--backend-file examples/liger_backend.py)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$out/nvidia-smi.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+# The native launcher (impls.native), built once up front rather than by the first worker to ask.
+python -m impls.native > "$out/native.log" 2>&1 || echo "native launcher: $(tail -n 1 "$out/native.log")"
 pt() { timeout -s INT -k 20 "$1" python -m pytest "${@:2}" -q -p no:randomly; }
 case $phase in
 checks)

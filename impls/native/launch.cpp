@@ -100,6 +100,7 @@ struct Launch {
 struct Plan {
   CUcontext ctx;
   int64_t device;
+  py::object device_index;  // as a Python int, for torch's current-stream query
   std::vector<Launch> launches;
   std::vector<py::object> keep;  // tensors whose memory a launch refers to (placeholders)
 };
@@ -135,6 +136,10 @@ class PlanTable {
         default_eps_(default_eps), tensor_type_(std::move(tensor_type)), hooks_(std::move(hooks)), limit_(limit) {
     py::module_ c = py::module_::import("torch._C");
     raw_stream_ = c.attr("_cuda_getCurrentRawStream");
+    object_new_ = py::module_::import("builtins").attr("object").attr("__new__");
+    for (int i = 0; i < 3; ++i) field_[i] = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(kFields[i]));
+    for (int i = 0; i < 2; ++i) hook_[i] = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(kHooks[i]));
+    calls_ = py::reinterpret_steal<py::object>(PyUnicode_InternFromString("calls"));
   }
 
   // The outputs of a warm call, or None where the call must take the validated path.
@@ -174,7 +179,7 @@ class PlanTable {
         0};
     float eps32 = static_cast<float>(eps);
     std::memcpy(&values[EPS], &eps32, sizeof eps32);
-    PyObject* s = PyObject_CallOneArg(raw_stream_.ptr(), py::int_(plan.device).ptr());
+    PyObject* s = PyObject_CallOneArg(raw_stream_.ptr(), plan.device_index.ptr());
     if (!s) throw py::error_already_set();
     CUstream stream = reinterpret_cast<CUstream>(PyLong_AsUnsignedLongLong(s));
     Py_DECREF(s);
@@ -185,10 +190,16 @@ class PlanTable {
                             stream, l.args.data(), nullptr),
             "cuLaunchKernel");
     }
-    py::object none = py::none();
-    return outputs_cls_(py::reinterpret_steal<py::object>(THPVariable_Wrap(y)),
-                        want_mean_ ? py::reinterpret_steal<py::object>(THPVariable_Wrap(mean)) : none,
-                        want_rstd_ ? py::reinterpret_steal<py::object>(THPVariable_Wrap(rstd)) : none);
+    // The outputs object without running its Python __init__ (a dataclass's costs a microsecond).
+    py::object result = py::reinterpret_steal<py::object>(PyObject_CallOneArg(object_new_.ptr(), outputs_cls_.ptr()));
+    if (!result) throw py::error_already_set();
+    py::object values_out[3] = {
+        py::reinterpret_steal<py::object>(THPVariable_Wrap(y)),
+        want_mean_ ? py::reinterpret_steal<py::object>(THPVariable_Wrap(mean)) : py::none(),
+        want_rstd_ ? py::reinterpret_steal<py::object>(THPVariable_Wrap(rstd)) : py::none()};
+    for (int i = 0; i < 3; ++i)
+      if (PyObject_GenericSetAttr(result.ptr(), field_[i].ptr(), values_out[i].ptr()) != 0) throw py::error_already_set();
+    return result;
   }
 
   // A plan for the signature of (x, w, b): launches as read_graph returned them, with each
@@ -202,6 +213,7 @@ class PlanTable {
     Plan plan;
     check(driver().ctx_current(&plan.ctx), "cuCtxGetCurrent");
     plan.device = device;
+    plan.device_index = py::int_(device);
     for (py::handle item : launches) {
       py::tuple t = item.cast<py::tuple>();
       Launch l;
@@ -231,18 +243,27 @@ class PlanTable {
   // Python way. Triton 3.6 keeps empty hook chains (falsy .calls), older releases None.
   bool hooks_idle() {
     if (hooks_.is_none()) return true;
-    for (const char* name : {"launch_enter_hook", "launch_exit_hook"}) {
-      py::object hook = hooks_.attr(name);
+    for (const py::object& name : hook_) {
+      py::object hook = py::reinterpret_steal<py::object>(PyObject_GetAttr(hooks_.ptr(), name.ptr()));
+      if (!hook) throw py::error_already_set();
       if (hook.is_none()) continue;
-      if (!py::hasattr(hook, "calls") || PyObject_IsTrue(hook.attr("calls").ptr())) return false;
+      py::object calls = py::reinterpret_steal<py::object>(PyObject_GetAttr(hook.ptr(), calls_.ptr()));
+      if (!calls) {
+        PyErr_Clear();
+        return false;  // a hook of another kind: it must see the launch
+      }
+      if (PyObject_IsTrue(calls.ptr())) return false;
     }
     return true;
   }
 
+  static constexpr const char* kFields[3] = {"y", "mean", "rstd"};
+  static constexpr const char* kHooks[2] = {"launch_enter_hook", "launch_exit_hook"};
   py::object outputs_cls_;
   bool want_mean_, want_rstd_;
   double default_eps_;
-  py::object tensor_type_, hooks_, raw_stream_;
+  py::object tensor_type_, hooks_, raw_stream_, object_new_, calls_;
+  py::object field_[3], hook_[2];
   size_t limit_;
   std::unordered_map<std::vector<int64_t>, Plan, KeyHash> plans_;
   std::vector<int64_t> key_;

@@ -35,18 +35,26 @@ def note() -> str:
     return _launch.note()
 
 
+# The entry points' kernels, looked up once: the registry's lookup scans every kernel, and these
+# calls are meant to cost one launch (impls.native).
+_ENTRY: dict = {}
+
+
 def _kernel(op: str, batch_invariant: bool):
-    return dispatch._variant(op, "invariant" if batch_invariant else "auto")
+    k = _ENTRY[(op, batch_invariant)] = dispatch._variant(op, "invariant" if batch_invariant else "auto")
+    return k
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, out=None, batch_invariant: bool = False):
     """RMSNorm over the last dimension; returns NormOutputs(y, rstd=...). The variant and launch
     setting follow N, dtype and the row count M; ``batch_invariant=True`` makes the choice as for
     many rows at every M, so a row's bits never depend on how many rows share the call."""
-    return _kernel("rms_norm", batch_invariant)(x, weight, None, eps, out)
+    k = _ENTRY.get(("rms_norm", batch_invariant)) or _kernel("rms_norm", batch_invariant)
+    return k(x, weight, None, eps, out)
 
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, out=None, batch_invariant: bool = False):
     """LayerNorm over the last dimension; returns NormOutputs(y, mean=..., rstd=...).
     ``batch_invariant`` as for rms_norm."""
-    return _kernel("layer_norm", batch_invariant)(x, weight, bias, eps, out)
+    k = _ENTRY.get(("layer_norm", batch_invariant)) or _kernel("layer_norm", batch_invariant)
+    return k(x, weight, bias, eps, out)
