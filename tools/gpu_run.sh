@@ -38,7 +38,7 @@ tests)
   pt "${TESTS_TIMEOUT:-300}" tests -n 0 > "$out/tests.log" 2>&1; tail -n 3 "$out/tests.log"
   ;;
 bench)
-  timeout 130 python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
+  timeout "${WARM_TIMEOUT:-130}" python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
   pt "${BENCH_TIMEOUT:-380}" benchmarks --benchmark-only --profile full --bench-repeat "${BENCH_REPEAT:-2}" \
      --backend all "${liger[@]}" \
      --report-dir="$out" ${BENCH_ARGS:-} > "$out/benchmark.log" 2>&1
