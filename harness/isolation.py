@@ -206,11 +206,30 @@ class CallWatch:
         self.note(phase="test")
         self._arm(self.item_limit())
 
-    def end_item(self) -> None:
+    def end_item(self, kernel: str | None = None, case: str | None = None, session=None) -> None:
+        """After each test: a sticky CUDA error its own code left (a check that calls kernels
+        outside ``call``, such as the determinism and batch-invariance checks, or an error that
+        surfaced only later) is charged to this test, and the worker exits before another test
+        can inherit the broken context."""
         faulthandler.cancel_dump_traceback_later()
+        broken = broken_context("cuda" if _cuda_initialized() else "cpu")  # "cpu": nothing to probe
+        if broken:
+            self.crash_after_test(kernel, case, broken, session)
+            return
         self.note(phase="between tests")
         if self.worker:
             release_gpu_memory()
+
+    def crash_after_test(self, kernel: str | None, case: str | None, error: str, session=None) -> None:
+        message = f"sticky CUDA error after {self.nodeid}: {error}"
+        if self.worker:
+            self.note(phase="test", kernel=kernel, case=case, fatal=message)
+            self.fault.flush()
+            os._exit(70)
+        self.fatal = {"kind": "crashed", "detail": message, "where": f"{kernel} on {case}" if kernel else self.nodeid,
+                      "worker": "this process", "kernel": kernel, "case": case, "phase": "test"}
+        if session is not None:
+            session.shouldstop = f"{message}: the CUDA context is unusable (one process, -n 0: no worker to replace)"
 
     def banned(self, kernel: str) -> str | None:
         """Why ``kernel`` must not run any more (it crashed too often), else None."""
@@ -258,6 +277,11 @@ class CallWatch:
         self.fatal = {"kind": "crashed", "detail": message, "where": f"{kernel.name} on {case.id}",
                       "worker": "this process", "kernel": kernel.name, "case": case.id, "phase": "call"}
         raise KernelCrashed(message + "; the run stops here (one process, -n 0: no worker to replace)")
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
 
 
 def release_gpu_memory(keep_bytes: int = 2 << 30) -> None:

@@ -230,7 +230,13 @@ class HarnessState:
 
     def pytest_runtest_logfinish(self, nodeid, location):
         if self.watch is not None:
-            self.watch.end_item()
+            rec = self.records.get(nodeid, {})
+            self.watch.end_item(rec.get("kernel"), rec.get("case"), self.session)
+            fatal = self.watch.fatal
+            if fatal is not None and fatal.get("phase") == "test" and nodeid not in self.crashes:
+                # one process: the test's report went out before the error was found; charge it now
+                self.crashes[nodeid] = fatal
+                self.records.setdefault(nodeid, {}).update(outcome="failed", failure_kind="crashed", crash=fatal)
 
     def pytest_runtest_setup(self, item):
         rec = self.records.get(item.nodeid)

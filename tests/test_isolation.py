@@ -17,7 +17,7 @@ pytest.importorskip("xdist")
 ROOT = Path(__file__).resolve().parents[1]
 FAULTY = str(ROOT / "tests" / "plugins" / "faulty_backends.py")
 BF16_RMS = ["--op", "rms_norm", "--dtype", "bfloat16", "--profile", "quick"]
-# Wall-time bound of the faulty run below on the 2-core CI machine: 4 worker restarts (about
+# Wall-time bound of the faulty run below on the 2-core CI machine: 5 worker restarts (about
 # 8 s each there), one 4 s hang, one 8 s compile and 600 checks took about 70 s.
 FAULTY_RUN_BOUND_S = 300
 
@@ -36,7 +36,7 @@ def records(report_dir) -> dict[str, dict]:
 
 
 def test_each_fault_is_charged_to_its_own_check_only(tmp_path):
-    backends = "torch,faulty_segv,faulty_hang,faulty_raise,faulty_sticky,faulty_compile,faulty_drawn"
+    backends = "torch,faulty_segv,faulty_hang,faulty_raise,faulty_sticky,faulty_late,faulty_compile,faulty_drawn"
     proc, wall = harness("harness/test_differential.py", "harness/test_fuzz.py", "--backend", backends,
                          "--backend-file", FAULTY, *BF16_RMS, "--check-timeout", "4", "--crash-limit", "50",
                          f"--report-dir={tmp_path}")
@@ -52,6 +52,8 @@ def test_each_fault_is_charged_to_its_own_check_only(tmp_path):
         "rms_norm-bfloat16-17x769-normal-faulty_hang.v1": ("hung", "no return within 4 s (kernel call)"),
         "rms_norm-bfloat16-1025x769-normal-faulty_raise.v1": (None, "faulty_raise: launch failed on 1025 x 769"),
         "rms_norm-bfloat16-1x769-normal-faulty_sticky.v1": ("crashed", "illegal memory access"),
+        # found by the synchronize after the test, not inside the call: charged to the same check
+        "rms_norm-bfloat16-1025x769-normal-faulty_late.v1": ("crashed", "illegal instruction was encountered (simulated, found after"),
     }
     for param, (kind, text) in expect.items():
         nid = f"harness/test_differential.py::test_against_oracle[{param}]"
@@ -64,10 +66,12 @@ def test_each_fault_is_charged_to_its_own_check_only(tmp_path):
     from harness.cases import catalogue
 
     assert drawn["crash"]["case"] not in {c.id for c in catalogue("quick")}
+    late = recs["harness/test_differential.py::test_against_oracle[rms_norm-bfloat16-1025x769-normal-faulty_late.v1]"]
+    assert late["crash"]["where"] == "faulty_late.v1 on rms_norm-bfloat16-1025x769-normal", late["crash"]
     assert not failed, failed  # every other check of every backend passed, torch's included
     assert any("faulty_compile" in nid for nid in recs)  # its 8 s first call was compilation, not a hang
     md = (tmp_path / "correctness.md").read_text()
-    assert "**3 crashed**, **1 hung**" in md and "Segmentation fault" in md
+    assert "**4 crashed**, **1 hung**" in md and "Segmentation fault" in md
 
 
 def test_a_kernel_that_keeps_crashing_is_stopped_after_the_limit(tmp_path):
@@ -90,6 +94,15 @@ def test_one_process_stops_at_a_sticky_error_and_says_so(tmp_path):
     assert "the run stops here" in proc.stdout
     crashed = [r for r in records(tmp_path).values() if r.get("failure_kind") == "crashed"]
     assert len(crashed) == 1 and "illegal memory access" in crashed[0]["crash"]["detail"]
+
+
+def test_one_process_charges_an_error_found_after_the_call_and_stops(tmp_path):
+    proc, _ = harness("harness/test_differential.py", "--backend", "faulty_late", "--backend-file", FAULTY,
+                      *BF16_RMS, "-k", "769", "-n", "0", "-p", "no:randomly", f"--report-dir={tmp_path}")
+    assert proc.returncode == 2, proc.stdout[-2000:]  # interrupted: the context is unusable
+    recs = records(tmp_path)
+    late = recs["harness/test_differential.py::test_against_oracle[rms_norm-bfloat16-1025x769-normal-faulty_late.v1]"]
+    assert late["failure_kind"] == "crashed" and "found after the call" in late["crash"]["detail"], late
 
 
 def _comparable(report_dir):

@@ -129,3 +129,21 @@ def test_warm_native_refuses_bad_eps_and_other_signatures():
         k(x, w.half(), None, 1e-6)
     with pytest.raises(NormInputError, match="weight has shape"):
         k(x, torch.ones(4095, device="cuda", dtype=torch.bfloat16), None, 1e-6)
+
+
+@needs_gpu
+@pytest.mark.parametrize("op,variant", [("rms_norm", "cluster"), ("layer_norm", "layer_norm_cluster")])
+def test_cluster_launches_are_refused_not_replayed(op, variant):
+    """A thread-block-cluster launch loses its cluster shape under cuLaunchKernel (replayed so
+    it faulted with an illegal instruction on the H200): it is refused, and the calls stay right."""
+    assert native.wait(600) is not None, native.status()
+    k = registry.get(op, "tilelang", variant)
+    if k.unavailable():
+        pytest.skip(k.unavailable())
+    x, w, b = _inputs(op, 4, 65536, torch.bfloat16)
+    want = k(x, w, b, 1e-5, out=k.allocate(x))
+    for _ in range(3):
+        got = k(x, w, b, 1e-5)
+    torch.cuda.synchronize()
+    _bits_equal(want, got)
+    assert "cluster" in native.refusals().get(k.name, ""), native.refusals()

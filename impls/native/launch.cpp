@@ -10,6 +10,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -40,6 +41,18 @@ struct KernelNodeParams {  // CUDA_KERNEL_NODE_PARAMS_v2
 };
 
 constexpr int kNodeKernel = 0;          // CU_GRAPH_NODE_TYPE_KERNEL
+constexpr int kAttrCooperative = 2;     // CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+constexpr int kAttrClusterDim = 4;      // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+constexpr int kAttrPreferredCluster = 11;  // CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION
+constexpr int kFuncClusterMustBeSet = 10;  // CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET
+
+union LaunchAttributeValue {  // CUlaunchAttributeValue
+  char pad[64];
+  int cooperative;
+  struct {
+    unsigned int x, y, z;
+  } clusterDim;
+};
 constexpr int kPointerMemoryType = 2;   // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 
 struct Driver {
@@ -52,6 +65,8 @@ struct Driver {
   CUresult (*kernel_params)(CUgraphNode, KernelNodeParams*) = nullptr;
   CUresult (*param_info)(CUfunction, size_t, size_t*, size_t*) = nullptr;
   CUresult (*pointer_attribute)(void*, int, unsigned long long) = nullptr;
+  CUresult (*node_attribute)(CUgraphNode, int, LaunchAttributeValue*) = nullptr;
+  CUresult (*func_attribute)(int*, int, CUfunction) = nullptr;
   std::string error;
 
   Driver() {
@@ -73,6 +88,8 @@ struct Driver {
     kernel_params = reinterpret_cast<decltype(kernel_params)>(get("cuGraphKernelNodeGetParams_v2"));
     param_info = reinterpret_cast<decltype(param_info)>(get("cuFuncGetParamInfo"));  // CUDA 12.4+
     pointer_attribute = reinterpret_cast<decltype(pointer_attribute)>(get("cuPointerGetAttribute"));
+    node_attribute = reinterpret_cast<decltype(node_attribute)>(get("cuGraphKernelNodeGetAttribute"));
+    func_attribute = reinterpret_cast<decltype(func_attribute)>(get("cuFuncGetAttribute"));
   }
 };
 
@@ -311,6 +328,25 @@ py::list read_graph(uintptr_t graph_handle) {
     check(d.kernel_params(n, &p), "cuGraphKernelNodeGetParams");
     if (!p.func) throw std::runtime_error("a captured launch names no CUfunction");
     if (!p.kernelParams) throw std::runtime_error("a captured launch passes its parameters packed (extra), not one by one");
+    // cuLaunchKernel takes no launch attributes: a cluster or cooperative launch replayed
+    // without them faults (an illegal instruction) or deadlocks, so such a launch is refused.
+    // An attribute that cannot be read counts as set.
+    for (int attr : {kAttrClusterDim, kAttrPreferredCluster}) {
+      LaunchAttributeValue v{};
+      if (d.node_attribute(n, attr, &v) != 0)
+        throw std::runtime_error("a captured launch's cluster attribute could not be read");
+      if (static_cast<unsigned long long>(std::max(v.clusterDim.x, 1u)) * std::max(v.clusterDim.y, 1u) *
+              std::max(v.clusterDim.z, 1u) > 1)
+        throw std::runtime_error("a cluster launch (" + std::to_string(v.clusterDim.x) + "x" +
+                                 std::to_string(v.clusterDim.y) + "x" + std::to_string(v.clusterDim.z) +
+                                 " blocks): cuLaunchKernel would drop its cluster shape");
+    }
+    LaunchAttributeValue coop{};
+    if (d.node_attribute(n, kAttrCooperative, &coop) != 0 || coop.cooperative)
+      throw std::runtime_error("a cooperative launch (or its attribute could not be read)");
+    int must_set = 0;
+    if (d.func_attribute(&must_set, kFuncClusterMustBeSet, p.func) != 0 || must_set)
+      throw std::runtime_error("a kernel that must be launched with a cluster size");
     std::vector<size_t> offsets, sizes;
     size_t end = 0;
     for (size_t i = 0;; ++i) {

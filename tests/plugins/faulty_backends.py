@@ -6,6 +6,8 @@
 - ``faulty_raise``: an exception on 1025 x 769;
 - ``faulty_sticky``: what a sticky CUDA error looks like on 1 x 769 (the call raises and the
   context probe then fails, as after an illegal address; simulated, so it runs on a CPU);
+- ``faulty_late``: returns a correct result on 1025 x 769 but leaves a sticky error that only
+  a later synchronize finds (an asynchronous fault; simulated);
 - ``faulty_compile``: its first call per N compiles for 8 s (longer than a short --check-timeout:
   compilation is not a hang);
 - ``faulty_drawn``: a segmentation fault on any shape the catalogue does not have (drawn cases);
@@ -31,10 +33,13 @@ def segfault():
 
 
 _sticky = False  # set once the simulated sticky error happened in this process
+_late = False  # set once faulty_late left its error behind in this process
 _real_probe = isolation.broken_context
 
 
 def _probe(device):
+    if _late:
+        return "CUDA error: an illegal instruction was encountered (simulated, found after the call)"
     return "CUDA error: an illegal memory access was encountered (simulated)" if _sticky else _real_probe(device)
 
 
@@ -95,6 +100,16 @@ class Sticky(_Faulty):
         if (m, n) == (1, 769) or _sticky:
             _sticky = True
             raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
+
+
+@register
+class Late(_Faulty):
+    backend = "faulty_late"
+
+    def fault(self, m, n):
+        global _late
+        if (m, n) == (1025, 769):
+            _late = True  # the call itself returns normally
 
 
 @register
