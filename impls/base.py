@@ -138,6 +138,10 @@ class NormKernel:
     # One of normdiff's own kernels (not a peer it is compared with): the benchmark's speed
     # targets apply to the project's kernels, measured against the best of the others.
     project: ClassVar[bool] = False
+    # Whether impls.native may record this kernel's launches and replay them from C++. A kernel
+    # launched as thread-block clusters (or cooperatively) says why not: cuLaunchKernel carries
+    # no launch attributes, and a cluster kernel replayed without its cluster shape faults.
+    native_replay: ClassVar[str | None] = None  # None: may be replayed; else the reason it may not
     # Python distributions whose versions a report states for this kernel (e.g. "triton").
     packages: ClassVar[tuple[str, ...]] = ()
     # Why two calls on identical inputs may give different bits (atomics, a reduction order

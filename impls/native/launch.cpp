@@ -329,23 +329,24 @@ py::list read_graph(uintptr_t graph_handle) {
     if (!p.func) throw std::runtime_error("a captured launch names no CUfunction");
     if (!p.kernelParams) throw std::runtime_error("a captured launch passes its parameters packed (extra), not one by one");
     // cuLaunchKernel takes no launch attributes: a cluster or cooperative launch replayed
-    // without them faults (an illegal instruction) or deadlocks, so such a launch is refused.
-    // An attribute that cannot be read counts as set.
+    // without them faults (an illegal instruction) or deadlocks, so one found here is refused.
+    // On the H200's driver (580) reading a captured node's attributes failed, so a failed read
+    // proves nothing either way: kernels that launch clusters also say so themselves
+    // (NormKernel.native_replay), and the caller refuses them before any capture.
     for (int attr : {kAttrClusterDim, kAttrPreferredCluster}) {
       LaunchAttributeValue v{};
-      if (d.node_attribute(n, attr, &v) != 0)
-        throw std::runtime_error("a captured launch's cluster attribute could not be read");
-      if (static_cast<unsigned long long>(std::max(v.clusterDim.x, 1u)) * std::max(v.clusterDim.y, 1u) *
-              std::max(v.clusterDim.z, 1u) > 1)
+      if (d.node_attribute(n, attr, &v) == 0 &&
+          static_cast<unsigned long long>(std::max(v.clusterDim.x, 1u)) * std::max(v.clusterDim.y, 1u) *
+                  std::max(v.clusterDim.z, 1u) > 1)
         throw std::runtime_error("a cluster launch (" + std::to_string(v.clusterDim.x) + "x" +
                                  std::to_string(v.clusterDim.y) + "x" + std::to_string(v.clusterDim.z) +
                                  " blocks): cuLaunchKernel would drop its cluster shape");
     }
     LaunchAttributeValue coop{};
-    if (d.node_attribute(n, kAttrCooperative, &coop) != 0 || coop.cooperative)
-      throw std::runtime_error("a cooperative launch (or its attribute could not be read)");
+    if (d.node_attribute(n, kAttrCooperative, &coop) == 0 && coop.cooperative)
+      throw std::runtime_error("a cooperative launch: cuLaunchKernel would drop it");
     int must_set = 0;
-    if (d.func_attribute(&must_set, kFuncClusterMustBeSet, p.func) != 0 || must_set)
+    if (d.func_attribute(&must_set, kFuncClusterMustBeSet, p.func) == 0 && must_set)
       throw std::runtime_error("a kernel that must be launched with a cluster size");
     std::vector<size_t> offsets, sizes;
     size_t end = 0;
