@@ -212,7 +212,7 @@ class CallWatch:
         surfaced only later) is charged to this test, and the worker exits before another test
         can inherit the broken context."""
         faulthandler.cancel_dump_traceback_later()
-        broken = broken_context("cuda" if _cuda_initialized() else "cpu")  # "cpu": nothing to probe
+        broken = _after_test_probe()
         if broken:
             self.crash_after_test(kernel, case, broken, session)
             return
@@ -282,6 +282,21 @@ class CallWatch:
 def _cuda_initialized() -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and torch.cuda.is_initialized()
+
+
+def _after_test_probe() -> str | None:
+    """The sticky CUDA error a test left, if any: one synchronize (a sticky error fails every
+    one), and broken_context's full probe only when it raises. Without CUDA in use there is
+    nothing to probe but broken_context itself (which the CPU tests simulate faults through)."""
+    if not _cuda_initialized():
+        return broken_context("cpu")
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        return None
+    except Exception as exc:  # noqa: BLE001 (classified below)
+        return broken_context("cuda") or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def release_gpu_memory(keep_bytes: int = 2 << 30) -> None:
