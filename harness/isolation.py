@@ -218,7 +218,10 @@ class CallWatch:
             return
         self.note(phase="between tests")
         if self.worker:
-            release_gpu_memory()
+            try:
+                release_gpu_memory()
+            except Exception as exc:  # noqa: BLE001 (an error raised here would end the whole xdist session)
+                self.crash_after_test(kernel, case, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, session)
 
     def crash_after_test(self, kernel: str | None, case: str | None, error: str, session=None) -> None:
         message = f"sticky CUDA error after {self.nodeid}: {error}"
