@@ -135,6 +135,11 @@ class KernelCrashed(RuntimeError):
     """A kernel left the CUDA context unusable (single process: the run stops after this check)."""
 
 
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def broken_context(device: str) -> str | None:
     """None when ``device``'s context still works after a failed call, else the first line of
     its error. Only CUDA has sticky errors (illegal address, misaligned access, device-side
@@ -150,7 +155,7 @@ def broken_context(device: str) -> str | None:
             torch.ones(1, device="cuda").add_(1).item()
             return None
         except Exception as exc:  # a sticky error: illegal address, misaligned access, device-side assert
-            error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            error = first_line(exc)
             if "out of memory" not in error:
                 return error
             # Memory another worker holds for a moment is not a broken context: free ours, retry.
@@ -221,18 +226,14 @@ class CallWatch:
             try:
                 release_gpu_memory()
             except Exception as exc:  # noqa: BLE001 (an error raised here would end the whole xdist session)
-                self.crash_after_test(kernel, case, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, session)
+                self.crash_after_test(kernel, case, first_line(exc), session)
 
     def crash_after_test(self, kernel: str | None, case: str | None, error: str, session=None) -> None:
-        message = f"sticky CUDA error after {self.nodeid}: {error}"
-        if self.worker:
-            self.note(phase="test", kernel=kernel, case=case, fatal=message)
-            self.fault.flush()
-            os._exit(70)
-        self.fatal = {"kind": "crashed", "detail": message, "where": f"{kernel} on {case}" if kernel else self.nodeid,
-                      "worker": "this process", "kernel": kernel, "case": case, "phase": "test"}
+        """As ``crash``, for an error found after the test rather than in a watched call: in one
+        process the run stops after this test (nothing is raised: the test has ended)."""
+        self._fatal(kernel, case, f"sticky CUDA error after {self.nodeid}: {error}", "test")
         if session is not None:
-            session.shouldstop = f"{message}: the CUDA context is unusable (one process, -n 0: no worker to replace)"
+            session.shouldstop = f"{self.fatal['detail']}: the CUDA context is unusable (one process, -n 0: no worker to replace)"
 
     def banned(self, kernel: str) -> str | None:
         """Why ``kernel`` must not run any more (it crashed too often), else None."""
@@ -272,14 +273,17 @@ class CallWatch:
     def crash(self, kernel, case, error: str) -> None:
         """The CUDA context is gone: in a worker, leave the note and exit now (xdist charges this
         check and replaces the worker); in one process, fail this check and stop the run."""
-        message = f"sticky CUDA error after {kernel.name} on {case.id}: {error}"
+        self._fatal(kernel.name, case.id, f"sticky CUDA error after {kernel.name} on {case.id}: {error}", "call")
+        raise KernelCrashed(self.fatal["detail"] + "; the run stops here (one process, -n 0: no worker to replace)")
+
+    def _fatal(self, kernel: str | None, case: str | None, message: str, phase: str) -> None:
+        """A worker notes the error and exits; one process records it as ``fatal``."""
         if self.worker:
-            self.note(phase="call", kernel=kernel.name, case=case.id, fatal=message)
+            self.note(phase=phase, kernel=kernel, case=case, fatal=message)
             self.fault.flush()
             os._exit(70)
-        self.fatal = {"kind": "crashed", "detail": message, "where": f"{kernel.name} on {case.id}",
-                      "worker": "this process", "kernel": kernel.name, "case": case.id, "phase": "call"}
-        raise KernelCrashed(message + "; the run stops here (one process, -n 0: no worker to replace)")
+        self.fatal = {"kind": "crashed", "detail": message, "where": f"{kernel} on {case}" if kernel else self.nodeid,
+                      "worker": "this process", "kernel": kernel, "case": case, "phase": phase}
 
 
 def _cuda_initialized() -> bool:
@@ -299,7 +303,7 @@ def _after_test_probe() -> str | None:
         torch.cuda.synchronize()
         return None
     except Exception as exc:  # noqa: BLE001 (classified below)
-        return broken_context("cuda") or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return broken_context("cuda") or first_line(exc)
 
 
 def release_gpu_memory(keep_bytes: int = 2 << 30) -> None:

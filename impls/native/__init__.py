@@ -2,18 +2,19 @@
 
 The Python fast path (``impls.fastpath``) still spends its host time in Python: the signature,
 two or three torch allocations and the launcher's argument handling, about 20 µs a call against
-eager torch's 10-13 µs. Here the first call of a signature with outputs left to the kernel is
-recorded instead: the kernel's own launch code runs once more under CUDA stream capture, on
-fresh stand-ins for the call's tensors (same shapes, strides, dtypes and 16-byte alignment), and
-the captured graph gives every launch's function, grid, block, shared memory and parameter
-bytes. A parameter equal to a stand-in's data pointer, or to the float32 bits of the marker eps,
+eager torch's 10-13 µs. Here the second call of a signature with outputs left to the kernel
+(the first run of its Python plan) also records it: the kernel's own launch code runs once more
+under CUDA stream capture, on fresh stand-ins for the call's tensors (same shapes, strides, dtypes
+and 16-byte alignment), and the captured graph gives every launch's function, grid, block,
+shared memory and parameter bytes. A parameter equal to a stand-in's data pointer, or to the float32 bits of the marker eps,
 is filled from the call each time; every other parameter keeps its recorded bytes. Later calls
 of the signature are one C++ call: signature lookup, output allocation, cuLaunchKernel.
 
 A recording is refused, and the call keeps the Python fast path, where it cannot be replayed
 exactly: a node that is not a kernel launch (a memset, a copy), parameters passed packed, a
 parameter that points at device memory other than the call's tensors (a workspace allocated per
-call), no parameter carrying eps. ``refusals()`` says why, per kernel.
+call), no parameter carrying eps, a cluster or cooperative launch (a kernel launched as clusters
+also declares it: ``NormKernel.native_replay``). ``refusals()`` says why, per kernel.
 
 The extension is built with torch's cpp_extension on first use, in a background thread (about
 half a minute, once per torch version; the cache is torch's extensions directory), so no call
@@ -69,11 +70,12 @@ def _build_in_background() -> None:
         _done.set()
 
 
-def module(start: bool = True):
-    """The built extension, or None while it is building, failed, or was never asked for."""
+def module():
+    """The built extension, or None while it is building (the first ask starts the build) or
+    where it failed."""
     if _state["module"] is not None or not ENABLED:
         return _state["module"]
-    if start and _state["thread"] is None:
+    if _state["thread"] is None:
         with _lock:
             if _state["thread"] is None:
                 _state["thread"] = threading.Thread(target=_build_in_background, name="normdiff-native-build", daemon=True)

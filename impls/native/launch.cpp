@@ -116,8 +116,7 @@ struct Launch {
 
 struct Plan {
   CUcontext ctx;
-  int64_t device;
-  py::object device_index;  // as a Python int, for torch's current-stream query
+  py::object device_index;  // the device, as a Python int for torch's current-stream query
   std::vector<Launch> launches;
   std::vector<py::object> keep;  // tensors whose memory a launch refers to (placeholders)
 };
@@ -229,7 +228,6 @@ class PlanTable {
     if (plans_.size() >= limit_) plans_.clear();  // a full table is cleared rather than searched
     Plan plan;
     check(driver().ctx_current(&plan.ctx), "cuCtxGetCurrent");
-    plan.device = device;
     plan.device_index = py::int_(device);
     for (py::handle item : launches) {
       py::tuple t = item.cast<py::tuple>();
