@@ -248,6 +248,14 @@ class BenchContext:
         views = self.arena(device).views(s)
         return NormOutputs(y=views["y"], **{name: views[name] for name in ("mean", "rstd") if name in k.outputs})
 
+    def host_peers(self, op: str) -> list[NormKernel]:
+        """The run's kernels of ``op`` whose host cost the entry points are held to
+        (``harness.report.host.HOST_REFERENCE_PEERS``)."""
+        from harness.report.host import HOST_REFERENCE_PEERS
+
+        state = self.config.stash[run.STATE]
+        return [k for k in state.kernels if k.op == op and not k.project and k.backend in HOST_REFERENCE_PEERS]
+
     def timer(self, fn, regime: str, device: str):
         """The timer for one benchmark and, where it is not the planned one, why."""
         return timing.timer_for(fn, regime, device, self.gpu() if device == "cuda" else None)
@@ -377,6 +385,8 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
         info.update(host_enqueue_us=timer.host_enqueue_us(), gpu_lead_us=timer.lead_us)
     if device == "cuda" and s.repeat == 0:
         info.update(user_cost(k, x, w, b, eps, ctx.gpu(), median * 1e6))
+        if k.project and k.entry_point and "user_call" in info:
+            info.update(paired_host_cost(k, ctx.host_peers(s.op), x, w, b, eps, ctx.gpu()))
     key = (s.group, s.repeat)
     if k.name == ctx.config.getoption("bench_baseline"):
         ctx.baseline_s[key] = median
@@ -394,6 +404,25 @@ def user_cost(k: NormKernel, x, w, b, eps, gpu: timing.GpuTools, device_us: floa
         torch.cuda.synchronize()
         return {"user_call_error": f"{type(exc).__name__}: {exc}"[:300]}
     return {"user_call": name, "host_call_us": host, "wall_call_us": wall}
+
+
+def paired_host_cost(k: NormKernel, peers: list[NormKernel], x, w, b, eps, gpu: timing.GpuTools) -> dict:
+    """Host µs per call of an entry point and of each reference peer's call on the same inputs,
+    timed in interleaved rounds (``timing.paired_host_us``): the figures the host targets compare.
+    A peer that cannot take the call is left out, named with why."""
+    calls, left_out = {k.name: k.user_call(x, w, b, eps)[1]}, {}
+    for p in peers:
+        try:
+            call = p.user_call(x, w, b, eps)[1]
+            call()
+        except Exception as exc:  # noqa: BLE001 (the peer's own row says more)
+            torch.cuda.synchronize()
+            left_out[p.name] = f"{type(exc).__name__}: {exc}"[:200]
+            continue
+        calls[p.name] = call
+    if len(calls) == 1:
+        return {"host_paired_left_out": left_out} if left_out else {}
+    return {"host_paired_us": timing.paired_host_us(calls, gpu), **({"host_paired_left_out": left_out} if left_out else {})}
 
 
 def verify(k: NormKernel, s: BenchShape, x, w, b, eps, out: NormOutputs, device: str) -> tuple[list[str], float]:

@@ -341,7 +341,7 @@ def test_host_targets_judge_the_entry_points_against_the_named_peers():
     ]
     by = {(c["target"], c["where"]): c for c in host.check(rows)}
     decode_host = by[("host", "rms_norm bfloat16 1 x 4096")]["gaps"]
-    assert decode_host == ["triton.auto 19.0 µs > torch.eager 10.5 µs"]  # Liger's 44 µs is beaten
+    assert decode_host == ["triton.auto 19.0 µs > torch.eager 10.5 µs (rows)"]  # Liger's 44 µs is beaten
     assert by[("decode wall", "rms_norm bfloat16 1 x 4096")]["gaps"]  # 22.4 > 1.1 x 20.0
     assert by[("host", "rms_norm bfloat16 65536 x 1024")]["gaps"] == []
     assert by[("wall", "rms_norm bfloat16 65536 x 1024")]["gaps"] == []
@@ -350,6 +350,31 @@ def test_host_targets_judge_the_entry_points_against_the_named_peers():
     assert not any("triton.looped" in g for c in by.values() for g in c["gaps"])
     md = "\n".join(host.render(rows))
     assert "Per-call cost, host included" in md and "`triton.auto`: `triton.auto(x)`" in md
+
+
+def test_host_target_uses_the_paired_figures_where_a_row_has_them():
+    """A paired measurement (entry point and peers timed in interleaved rounds) decides over the
+    rows' own host µs, both ways: a row above eager's row passes when paired below it, and a row
+    below fails when paired above. A peer missing from the pairs falls back to the rows."""
+    from harness.report import host
+
+    def rows(paired):
+        entry = _host_row("triton.auto", "decode", "rms_norm", 8, 4096, 1.5, host=14.0, wall=14.0, project=True,
+                          entry=True)
+        return [dict(entry, paired=paired),
+                _host_row("liger.fused", "decode", "rms_norm", 8, 4096, 1.6, host=80.0, wall=80.0),
+                _host_row("torch.eager", "decode", "rms_norm", 8, 4096, 3.0, host=13.0, wall=14.0)]
+
+    where = ("host", "rms_norm bfloat16 8 x 4096")
+    by = {(c["target"], c["where"]): c for c in host.check(rows({"triton.auto": 10.0, "torch.eager": 11.0}))}
+    assert by[where]["gaps"] == []  # paired below eager, though its row (14.0) is above eager's (13.0)
+    by = {(c["target"], c["where"]): c for c in host.check(rows({"triton.auto": 12.0, "torch.eager": 11.5,
+                                                                  "liger.fused": 70.0}))}
+    assert by[where]["gaps"] == ["triton.auto 12.0 µs > torch.eager 11.5 µs (paired)"]
+    by = {(c["target"], c["where"]): c for c in host.check(rows(None))}
+    assert by[where]["gaps"] == ["triton.auto 14.0 µs > torch.eager 13.0 µs (rows)"]
+    md = "\n".join(host.render(rows({"triton.auto": 10.0, "torch.eager": 11.0})))
+    assert "10.0 vs torch.eager 11.0" in md and "paired host µs" in md
 
 
 def test_backward_targets_need_85_percent_and_the_lead_over_liger_and_torch_compile():

@@ -1,5 +1,6 @@
 """Where a call's host time goes (GPU): host µs per call of each kernel's user call on the native
-path (impls.native), on the Python fast path and validated every time, a cProfile of the
+path (impls.native), on the Python fast path and validated every time, a native call by its parts
+(native_breakdown), a cProfile of the
 project's entry points, and TileLang's execution backends.
 
     python -m tools.host_cost --backend-file examples/liger_backend.py --json OUT/host_cost.json
@@ -78,6 +79,50 @@ def tilelang_backends(tools, dtype) -> list[dict]:
     return rows
 
 
+def native_breakdown(tools, dtype) -> list[dict]:
+    """Where a native call's host µs go, by parts timed alone the same way (host_call_us), at the
+    decode and the N = 1024 shape: the entry point; its kernel's native table called directly
+    (no Python entry frame); the table on a signature it has not recorded (the pybind11 call, the
+    key and the lookup); the outputs' allocations alone; torch's current-stream query; eager."""
+    import impls.triton as api
+    from impls.base import DEFAULT_EPS
+
+    rows = []
+    for op in ("rms_norm", "layer_norm"):
+        for m, n in ((1, 4096), (65536, 1024)):
+            x, w, b = _inputs(op, m, n, dtype)
+            eps = DEFAULT_EPS[op]
+            entry = (lambda: api.rms_norm(x, w, eps)) if op == "rms_norm" else (lambda: api.layer_norm(x, w, b, eps))
+            for _ in range(3):
+                entry()
+            torch.cuda.synchronize()
+            k = api._ENTRY[(op, False)]
+            table = k.__dict__.get("_native")
+            if table is None:
+                rows.append({"op": op, "m": m, "n": n, "error": f"no native table: {native.refusals().get(k.name, native.status())}"})
+                print(rows[-1], flush=True)
+                continue
+            other = torch.randn(m, n + 8, device="cuda", dtype=dtype)  # a signature the table lacks
+            stats = sum(name in k.outputs for name in ("mean", "rstd"))
+            lead = x.shape[:-1]
+
+            def allocs():
+                torch.empty_like(x)
+                for _ in range(stats):
+                    torch.empty(lead, dtype=torch.float32, device="cuda")
+
+            eager = registry.get(op, "torch", "eager").user_call(x, w, b, eps)[1]
+            parts = {"entry point": entry, "native table called directly": lambda: table(x, w, b, eps),
+                     "table, unrecorded signature (returns None)": lambda: table(other, w, b, eps),
+                     f"allocations alone (y{' + %d statistics' % stats if stats else ''})": allocs,
+                     "torch._C._cuda_getCurrentRawStream": lambda: torch._C._cuda_getCurrentRawStream(0),
+                     "eager torch": eager}
+            figures = timing.paired_host_us(parts, tools)
+            rows.append({"op": op, "m": m, "n": n, "kernel": k.name, **figures})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend-file", action="append", default=[])
@@ -124,9 +169,11 @@ def main() -> None:
                 results.append(row)
                 print(row, flush=True)
     tl_rows = tilelang_backends(tools, dtype)
+    breakdown = native_breakdown(tools, dtype)
     for title, text in profiles.items():
         print(f"\n=== cProfile, {args.profile_calls} calls: {title}\n{text}", flush=True)
-    _session.write_json(args.json, ceiling, results, tilelang_execution_backends=tl_rows, profiles=profiles)
+    _session.write_json(args.json, ceiling, results, tilelang_execution_backends=tl_rows, native_breakdown=breakdown,
+                        profiles=profiles)
 
 
 def k_spec(k, x, w, b):

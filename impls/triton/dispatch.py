@@ -24,13 +24,16 @@ class _Dispatch(TritonKernel):
     def user_call(self, x, weight, bias, eps):
         import impls.triton as api
 
-        flag = ", batch_invariant=True" if self.invariant else ""
-        inv = self.invariant
+        # As a user writes it: the flag passed only where it is set.
         if self.op == "rms_norm":
-            return (f"impls.triton.rms_norm(x, weight, eps{flag})",
-                    lambda: api.rms_norm(x, weight, eps, batch_invariant=inv))
-        return (f"impls.triton.layer_norm(x, weight, bias, eps{flag})",
-                lambda: api.layer_norm(x, weight, bias, eps, batch_invariant=inv))
+            if self.invariant:
+                return ("impls.triton.rms_norm(x, weight, eps, batch_invariant=True)",
+                        lambda: api.rms_norm(x, weight, eps, batch_invariant=True))
+            return "impls.triton.rms_norm(x, weight, eps)", lambda: api.rms_norm(x, weight, eps)
+        if self.invariant:
+            return ("impls.triton.layer_norm(x, weight, bias, eps, batch_invariant=True)",
+                    lambda: api.layer_norm(x, weight, bias, eps, batch_invariant=True))
+        return "impls.triton.layer_norm(x, weight, bias, eps)", lambda: api.layer_norm(x, weight, bias, eps)
 
     def target(self, n: int, dtype, m: int | None) -> tuple[TritonKernel, LaunchConfig | None]:
         """The registered variant a call on M rows of N runs, and the launch setting it is given
