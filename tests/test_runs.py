@@ -109,3 +109,24 @@ def test_progress_lines_are_plain_text_a_ci_log_can_read(tmp_path):
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[normdiff ")]
     assert lines and "\x1b" not in proc.stdout
     assert re.search(r"\] 66/66 checks \| torch 66/66 done", lines[-1]), lines[-1]
+
+
+def test_a_run_of_what_an_interrupted_run_left_completes_its_report():
+    """harness.report's merge: a check the first run collected but did not reach takes the record
+    of the later run that ran it; a check both ran keeps the first run's record; the counts are
+    over distinct checks, so the merged report is complete when the two together ran everything."""
+    from harness.report import merge_documents
+
+    def doc(records, ran, collected, command):
+        return {"command": command, "records": records, "agreement": [], "backends": {},
+                "progress": {"final": True, "ran": ran, "collected": collected}}
+
+    first = doc([{"nodeid": "a", "outcome": "passed"}, {"nodeid": "b", "outcome": "failed"}, {"nodeid": "c"}],
+                2, 3, "first")
+    later = doc([{"nodeid": "b", "outcome": "passed"}, {"nodeid": "c", "outcome": "skipped"}], 2, 2, "later")
+    merged = merge_documents([first, later])
+    outcomes = {r["nodeid"]: r["outcome"] for r in merged["records"]}
+    assert outcomes == {"a": "passed", "b": "failed", "c": "skipped"}
+    assert merged["progress"] == {"final": True, "ran": 3, "collected": 3}
+    alone = merge_documents([first, doc([{"nodeid": "a", "outcome": "passed"}], 1, 1, "again")])
+    assert alone["progress"]["ran"] == 2 and alone["progress"]["collected"] == 3  # c still not run

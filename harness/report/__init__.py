@@ -55,20 +55,22 @@ def add_agreement_cell(cell: list, d: float, cases: int, case_id: str) -> None:
 
 def merge_documents(docs: list[dict]) -> dict:
     """One report from shards (``--shard K/N``) or runs made side by side: the records of each
-    run (a check that ran in several keeps its first record) and their agreement cells folded
-    together. Shards keep each case in one run, so their merge equals one unsharded run; runs
-    split by backend compare only the kernels that ran in the same run."""
+    run (a check that ran in several keeps its first record; one that a run collected but did
+    not reach, interrupted at its time limit, takes the record of a later run that ran it) and
+    their agreement cells folded together. Shards keep each case in one run, so their merge
+    equals one unsharded run; runs split by backend compare only the kernels that ran in the same
+    run; a run of what an interrupted run left makes the two one run's report."""
     if len(docs) == 1:
         return docs[0]
     merged = dict(docs[0])
-    seen, records, compiled, backends = set(), [], [], {}
+    by_id, compiled, backends = {}, [], {}
     cells: dict[tuple, list] = {}
     for d in docs:
         for r in d["records"]:
-            if r["nodeid"] not in seen:
-                seen.add(r["nodeid"])
+            old = by_id.get(r["nodeid"])
+            if old is None or (old.get("outcome") is None and r.get("outcome") is not None):
                 # Each record keeps its own run's selection, so its reproduce command is right.
-                records.append({"selection": d.get("selection", {}), **r})
+                by_id[r["nodeid"]] = {"selection": d.get("selection", {}), **r}
         for a in d.get("agreement", []):
             if "max_diff" not in a:
                 continue  # schema 1 (ulps) cannot be merged with allowed errors
@@ -78,13 +80,15 @@ def merge_documents(docs: list[dict]) -> dict:
         backends.update(d.get("backends", {}))
     agreement = [{"op": op, "dtype": dt, "a": a, "b": b, "max_diff": c[0], "cases": c[1], "worst_case": c[2]}
                  for (op, dt, a, b), c in sorted(cells.items())]
+    records = list(by_id.values())
+    ran = sum(r.get("outcome") is not None for r in records)
     merged.update(
         command=" ; ".join(d["command"] for d in docs),
         elapsed_s=max(d.get("elapsed_s", 0) for d in docs),
         records=records, agreement=agreement, compiled=compiled, backends=backends,
-        progress={"final": all((d.get("progress") or {}).get("final", True) for d in docs),
-                  "ran": sum((d.get("progress") or {}).get("ran", 0) for d in docs),
-                  "collected": sum((d.get("progress") or {}).get("collected", 0) for d in docs)},
+        # Counted over the merged checks: a check collected by two runs is one check.
+        progress={"final": ran == len(records) or all((d.get("progress") or {}).get("final", True) for d in docs),
+                  "ran": ran, "collected": len(records)},
         merged_from=len(docs),
     )
     return merged
