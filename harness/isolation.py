@@ -73,20 +73,29 @@ def visible_gpus() -> list[str]:
     return tokens[:count] if tokens else [str(i) for i in range(count)]
 
 
-def _runs_harness_only(config) -> bool:
-    """Isolation is the default for runs of the harness's checks (``pytest harness ...``), not
-    for the framework's own tests, whose subprocess runs set their own."""
+def _runs_only_under(config, folder: str) -> bool:
+    """Whether every path the run was given lies in the project's ``folder``."""
     args = [a.split("::")[0] for a in config.args] or []
     if not args:
         return False
-    harness = ROOT / "harness"
+    root = ROOT / folder
     for a in args:
         p = Path(a) if Path(a).is_absolute() else Path(config.invocation_params.dir) / a
         try:
-            p.resolve().relative_to(harness)
+            p.resolve().relative_to(root)
         except ValueError:
             return False
     return True
+
+
+def _runs_harness_only(config) -> bool:
+    """Isolation is the default for runs of the harness's checks (``pytest harness ...``), not
+    for the framework's own tests, whose subprocess runs set their own."""
+    return _runs_only_under(config, "harness")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def plan_workers(config) -> None:
@@ -100,12 +109,17 @@ def plan_workers(config) -> None:
                                     "(several GPUs: one pytest per GPU, see README)")
         config.option.numprocesses = 0
         return
-    if asked == 0 or (asked is None and not _runs_harness_only(config)):
-        return
     if config.getoption("usepdb", False) or config.getoption("collectonly", False):
         return
+    if asked is None and _runs_only_under(config, "tests") and not visible_gpus() and _cores() > 1:
+        # The framework's own tests (``pytest tests``) on a machine without a GPU: as with -n
+        # CORES, one worker per core (they share nothing but caches that lock); -n 0 runs them in
+        # one process, as on a GPU machine, where the native and kernel tests share one device.
+        asked = _cores()
+    if asked == 0 or (asked is None and not _runs_harness_only(config)):
+        return
     gpus = visible_gpus()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = _cores()
     if asked in (None, "auto", "logical"):
         per_gpu = config.getoption("workers_per_gpu") or max(1, cores // max(1, len(gpus)))
         count = per_gpu * len(gpus) if gpus else max(1, cores)
