@@ -278,7 +278,7 @@ def user_call_cost(fn, tools: GpuTools, device_us: float) -> tuple[float, float]
     return host, wall
 
 
-PAIRED_ROUNDS = 9  # rounds of a paired host measurement; each round times every call once
+PAIRED_ROUNDS = 15  # rounds of a paired host measurement; each round times every call once
 
 
 def paired_host_us(calls: dict, tools: GpuTools, rounds: int = PAIRED_ROUNDS) -> dict:
