@@ -422,7 +422,11 @@ def paired_host_cost(k: NormKernel, peers: list[NormKernel], x, w, b, eps, gpu: 
         calls[p.name] = call
     if len(calls) == 1:
         return {"host_paired_left_out": left_out} if left_out else {}
-    return {"host_paired_us": timing.paired_host_us(calls, gpu), **({"host_paired_left_out": left_out} if left_out else {})}
+    samples: dict = {}
+    medians = timing.paired_host_us(calls, gpu, samples=samples)
+    return {"host_paired_us": medians,
+            "host_paired_rounds_us": {name: [round(v, 2) for v in vs] for name, vs in samples.items()},
+            **({"host_paired_left_out": left_out} if left_out else {})}
 
 
 def verify(k: NormKernel, s: BenchShape, x, w, b, eps, out: NormOutputs, device: str) -> tuple[list[str], float]:

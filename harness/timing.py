@@ -281,18 +281,21 @@ def user_call_cost(fn, tools: GpuTools, device_us: float) -> tuple[float, float]
 PAIRED_ROUNDS = 15  # rounds of a paired host measurement; each round times every call once
 
 
-def paired_host_us(calls: dict, tools: GpuTools, rounds: int = PAIRED_ROUNDS) -> dict:
+def paired_host_us(calls: dict, tools: GpuTools, rounds: int = PAIRED_ROUNDS, samples: dict | None = None) -> dict:
     """Host µs per call of each of ``calls`` (name -> zero-argument callable), measured in
     interleaved rounds (the order rotated each round), the median of each over the rounds. The
     host's own drift (clocks, other processes, the allocator's state) moves a figure by several
     µs between measurements minutes apart; calls compared within one round see the same host, so
-    a comparison of a few µs is a comparison of the calls, not of the moments they were timed."""
+    a comparison of a few µs is a comparison of the calls, not of the moments they were timed.
+    ``samples``, where given, receives each call's figures round by round."""
     names = list(calls)
-    samples: dict = {name: [] for name in names}
+    got: dict = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(host_call_us(calls[name], tools))
-    return {name: statistics.median(v) for name, v in samples.items()}
+            got[name].append(host_call_us(calls[name], tools))
+    if samples is not None:
+        samples.update(got)
+    return {name: statistics.median(v) for name, v in got.items()}
 
 
 def gpu_time_ms(fn, tools: GpuTools, rounds: int = 50, warmup: int = 5) -> float:

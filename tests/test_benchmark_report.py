@@ -390,3 +390,24 @@ def test_backward_targets_need_85_percent_and_the_lead_over_liger_and_torch_comp
     assert targets.backward(rows)[0]["gaps"] == []
     rows[0]["pct"] = 80.0
     assert targets.backward(rows)[0]["gaps"] == ["best 80.0% < 85%"]
+
+
+def test_paired_host_rounds_rotate_the_order_and_take_each_calls_median(monkeypatch):
+    """harness.timing.paired_host_us: every round times every call once, each round starting
+    with the next call (so none is always first after another's), and each figure is that call's
+    median over the rounds, with the round-by-round figures handed back."""
+    from harness import timing
+
+    order, values = [], {"a": iter([9.0, 1.0, 2.0, 3.0, 4.0]), "b": iter([5.0, 5.0, 50.0, 5.0, 6.0])}
+
+    def fake_host_call_us(fn, tools, calls=timing.HOST_CALLS):
+        name = fn()
+        order.append(name)
+        return next(values[name])
+
+    monkeypatch.setattr(timing, "host_call_us", fake_host_call_us)
+    samples = {}
+    got = timing.paired_host_us({"a": lambda: "a", "b": lambda: "b"}, tools=None, rounds=5, samples=samples)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+    assert got == {"a": 3.0, "b": 5.0}  # medians: an outlier round (9.0, 50.0) does not move them
+    assert samples == {"a": [9.0, 1.0, 2.0, 3.0, 4.0], "b": [5.0, 5.0, 50.0, 5.0, 6.0]}

@@ -28,7 +28,7 @@ PASSED_ERROR_KEYS = ("output", "worst_ratio", "max_ulp")
 # What a benchmark keeps: harness.report.benchmark.results reads these.
 BENCH_EXTRA_KEYS = ("op", "dtype", "m", "n", "regime", "repeat", "kernel", "bytes", "ceiling_gbps", "timing",
                     "timer", "device", "project", "prepare_s", "entry_point", "host_call_us", "wall_call_us",
-                    "user_call", "user_call_error", "direction", "host_paired_us", "host_paired_left_out")
+                    "user_call", "user_call_error", "direction", "host_paired_us", "host_paired_rounds_us", "host_paired_left_out")
 BENCH_STATS_KEYS = ("median", "rounds")
 BENCH_TOP_KEYS = ("datetime", "version", "normdiff")
 NOTE = "slimmed by harness/report/publish.py: fields the reports do not read were dropped"
