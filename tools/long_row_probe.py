@@ -52,10 +52,23 @@ def _tilelang_cluster(op, threads=None, vectors=None, bound=True):
     return k
 
 
+def _triton_pipelined(op, programs_per_sm=1, block_n=None, warps=None):
+    from impls.triton._candidates import pipelined
+
+    return pipelined(op, programs_per_sm, block_n, warps)
+
+
 def candidates(op: str) -> list[tuple[int, str, object]]:
     """(tier, label, factory)."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
+        # impls/triton/_candidates.py: two rows in flight per persistent program (registers for
+        # sm_90, bf16 at N 262144: 8192 x 32 warps 57 RMSNorm / 64 LayerNorm, one program an SM;
+        # 4096 x 16 warps 40 / 78)
+        (1, "triton.pipelined", lambda: _triton_pipelined(op)),
+        (1, "triton.pipelined 4096x16w 2/SM", lambda: _triton_pipelined(op, 2, 4096, 16)),
+        (1, "triton.pipelined 4096x16w 3/SM", lambda: _triton_pipelined(op, 3, 4096, 16)),
+        (2, "triton.pipelined 8192x16w", lambda: _triton_pipelined(op, 1, 8192, 16)),
         (1, name, lambda: _tilelang_cluster(op)),
         (1, "triton.split", lambda: _triton_split(op)),
         (1, "triton.split depth=2", lambda: _triton_split(op, depth=2)),

@@ -1,0 +1,180 @@
+"""Long-row candidates, not registered: kernels that ``tools/long_row_probe.py`` times on the GPU
+beside the registered ones before any of them becomes a variant (issue: long rows at the
+bandwidth limit). Checked against the oracle under the interpreter by
+``tests/test_long_row_candidates.py``.
+
+The pipelined looped kernels. The looped kernels read a row twice: pass 1 sums it, pass 2
+reads it again (from L2 while the rows in flight fit) to normalise and write. Within one program
+the passes are serial, so DRAM is kept busy only by other programs on the SM, and every program
+added to hide that puts another row in L2 (at N = 262144 in bf16, 132 programs hold 66 MiB of
+rows, more than the H200's L2). Here a persistent program carries two rows: in one loop over
+the chunks it normalises and writes row i (its second read, from L2) and sums row i + GRID (its
+first read, from DRAM), so the DRAM read and write streams run together in every program, and
+each program keeps two rows in L2 whatever the grid. The per-row arithmetic and the order of
+every sum are the looped kernels' own, so a row's bits never depend on M or the grid.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from impls.triton._kernels import _store_y
+from impls.triton._launch import state
+from impls.triton.layer_norm import TritonLayerNormLooped
+from impls.triton.rms_norm import TritonRMSNormLooped
+from impls.triton.settings import LaunchConfig, launch_config
+
+
+@triton.jit
+def rms_norm_pipelined(
+    X, W, Y, RSTD, M, N: tl.constexpr, stride_x, stride_y, eps, GRID, ITERS,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    chunks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    row = tl.program_id(0)  # the grid is at most M programs: every program has a first row
+    base = row.to(tl.int64) * stride_x
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for c in tl.range(0, chunks):
+        cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        x = tl.load(X + base + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    # ITERS = cdiv(M, GRID) rounds for every program; a program with fewer rows idles through
+    # its last round, every access masked. (A while loop: the interpreter cannot take a run-time
+    # bound in tl.range.)
+    i = 0
+    while i < ITERS:
+        r = row + i * GRID
+        nxt = r + GRID
+        nbase = nxt.to(tl.int64) * stride_x
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for c in tl.range(0, chunks):
+            cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            xn = tl.load(X + nbase + cols, mask=cmask & (nxt < M), other=0.0,
+                         eviction_policy="evict_last").to(tl.float32)
+            acc += xn * xn
+            live = cmask & (r < M)
+            x = tl.load(X + base + cols, mask=live, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            y = x * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+            _store_y(Y, r.to(tl.int64) * stride_y + cols, y, live, ROUND_BF16)
+        tl.store(RSTD + r, rstd, mask=r < M)
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        base = nbase
+        i += 1
+
+
+@triton.jit
+def _ln_first_chunk(X, base, valid, N: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A row's first chunk as layer_norm_looped takes it: the shift k (the chunk's mean) and the
+    chunk's shifted sums, the lanes of s1 and s2 the rest of the row adds to."""
+    first: tl.constexpr = N if N < BLOCK_N else BLOCK_N
+    cols = tl.arange(0, BLOCK_N)
+    mask = (cols < N) & valid
+    x = tl.load(X + base + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    k = tl.sum(x, axis=0) / first
+    sh = tl.where(mask, x - k, 0.0)
+    return k, sh, sh * sh
+
+
+@triton.jit
+def _ln_stats(s1, s2, N: tl.constexpr, eps):
+    mean_s = tl.sum(s1, axis=0) / N
+    var = tl.sum(s2, axis=0) / N - mean_s * mean_s
+    var = tl.where(var < 0.0, 0.0, var)
+    return mean_s, tl.rsqrt(var + eps)
+
+
+@triton.jit
+def layer_norm_pipelined(
+    X, W, B, Y, MEAN, RSTD, M, N: tl.constexpr, stride_x, stride_y, eps, GRID, ITERS,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    chunks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    row = tl.program_id(0)
+    base = row.to(tl.int64) * stride_x
+    k, s1, s2 = _ln_first_chunk(X, base, row < M, N, BLOCK_N)
+    for c in tl.range(1, chunks):
+        cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = tl.load(X + base + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        sh = tl.where(mask, x - k, 0.0)
+        s1 += sh
+        s2 += sh * sh
+    mean_s, rstd = _ln_stats(s1, s2, N, eps)
+    i = 0
+    while i < ITERS:  # as in rms_norm_pipelined
+        r = row + i * GRID
+        nxt = r + GRID
+        nbase = nxt.to(tl.int64) * stride_x
+        k_n, s1, s2 = _ln_first_chunk(X, nbase, nxt < M, N, BLOCK_N)
+        for c in tl.range(0, chunks):
+            cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            live = cmask & (r < M)
+            # row r, second read: normalise and write chunk c
+            x = tl.load(X + base + cols, mask=live, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            y = ((x - k) - mean_s) * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+            _store_y(Y, r.to(tl.int64) * stride_y + cols, y, live, ROUND_BF16)
+            # row r + GRID, first read: chunk c + 1 (past the last chunk: masked off)
+            ncols = cols + BLOCK_N
+            nmask = (ncols < N) & (nxt < M)
+            xn = tl.load(X + nbase + ncols, mask=nmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            sh = tl.where(nmask, xn - k_n, 0.0)
+            s1 += sh
+            s2 += sh * sh
+        tl.store(MEAN + r, k + mean_s, mask=r < M)
+        tl.store(RSTD + r, rstd, mask=r < M)
+        k = k_n
+        mean_s, rstd = _ln_stats(s1, s2, N, eps)
+        base = nbase
+        i += 1
+
+
+class _Pipelined:
+    """A looped kernel's class with the pipelined kernel over a persistent grid of
+    ``programs_per_sm`` programs per SM (at most M), BLOCK_N and warps from ``block_n`` and
+    ``warps`` (default: the looped kernel's setting for N)."""
+
+    kernel_fn = None
+    programs_per_sm = 1
+    block_n: int | None = None
+    warps: int | None = None
+
+    def config(self, n: int, dtype: torch.dtype, m: int | None = None) -> LaunchConfig:
+        cfg = launch_config(n, dtype, looped=True, op=self.op, m=m)  # the looped kernels' own
+        return LaunchConfig(block_n=self.block_n or cfg.block_n, rows=1, num_warps=self.warps or cfg.num_warps)
+
+    def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
+        m = x.shape[0]
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else 2
+        grid = max(1, min(m, sms * self.programs_per_sm))
+        kwargs = dict(BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                      ROUND_BF16=state().interpreted and x.dtype == torch.bfloat16, **meta)
+        fn = self.kernel_fn
+        if x.device.type == "cuda":
+            with torch.cuda.device(x.device):
+                fn[(grid,)](*tensors, *scalars, grid, -(-m // grid), **kwargs)
+        else:
+            fn[(grid,)](*tensors, *scalars, grid, -(-m // grid), **kwargs)
+
+
+def pipelined(op: str, programs_per_sm: int = 1, block_n: int | None = None, warps: int | None = None):
+    """A pipelined looped kernel for ``op`` with these launch choices (a fresh object: the probe
+    times several side by side)."""
+    base = TritonRMSNormLooped if op == "rms_norm" else TritonLayerNormLooped
+    fn = rms_norm_pipelined if op == "rms_norm" else layer_norm_pipelined
+    cls = type(f"Pipelined{base.__name__}", (_Pipelined, base),
+               {"variant": "pipelined", "kernel_fn": fn, "programs_per_sm": programs_per_sm,
+                "block_n": block_n, "warps": warps, "lean_launch": False})
+    return cls()
+
+
+__all__ = ["pipelined", "rms_norm_pipelined", "layer_norm_pipelined"]
