@@ -15,6 +15,7 @@ tile, warps[, maxnreg]) as in impls.triton.backward.BWD_SETTINGS.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -30,6 +31,9 @@ CANDIDATES = {
     4096: [(64, 1, 4), (32, 1, 8), (128, 1, 8), (64, 2, 8), (64, 1, 16, 64)],
     8192: [(128, 1, 8), (64, 1, 16), (128, 2, 16), (64, 1, 8)],
 }
+# The final dw/db reduction's columns per program, on the default row setting: at N = 1024 the
+# default (REDUCE_MIN_N = 16) runs 64 programs on 132 SMs over 2048 partial rows.
+REDUCE_CANDIDATES = {1024: [8, 32], 2048: [8, 32]}
 BUDGET_S = 120  # candidates are left out once this much time has gone
 
 
@@ -64,7 +68,7 @@ def main(argv=None) -> int:
     from harness.bench_backward import draw_dy
     from impls import registry
     from impls.base import DEFAULT_EPS, NormGrads, NormOutputs
-    from impls.triton.backward import BWD_SETTINGS, backward_config
+    from impls.triton.backward import BWD_SETTINGS, REDUCE_TILE, backward_config
 
     registry.load_builtins()
     t0 = time.perf_counter()
@@ -90,11 +94,16 @@ def main(argv=None) -> int:
         sample = sample_rows(m, n, dev)
         default = BWD_SETTINGS.get((op, dtype.itemsize, n))
         settings = [None] if phase == "default" else [c for c in CANDIDATES.get(n, []) if c != default]
+        settings += [] if phase == "default" else [("reduce_n", r) for r in REDUCE_CANDIDATES.get(n, [])]
         for setting in settings:
             if setting is not None and time.perf_counter() - t0 > BUDGET_S:
                 lines.append(f"{op} {m}x{n} {setting}: left out (time budget)")
                 continue
-            cfg = backward_config(n, dtype, op, setting=setting)
+            if setting is not None and setting[0] == "reduce_n":  # the default rows, another reduction
+                cfg = dataclasses.replace(backward_config(n, dtype, op), reduce_n=setting[1],
+                                          reduce_parts=max(1, REDUCE_TILE // setting[1]))
+            else:
+                cfg = backward_config(n, dtype, op, setting=setting)
             grads = NormGrads(torch.empty_like(x), torch.empty_like(w), None if b is None else torch.empty_like(b))
             fn = lambda: k._backward(x, w, b, dy, saved, eps, grads, cfg)  # noqa: E731
             row = dict(op=op, m=m, n=n, setting="default" if setting is None else list(setting),
