@@ -107,3 +107,22 @@ def test_pipelined_takes_the_looped_setting_unless_told():
         cfg = pipelined(op).config(65536, t.bfloat16, 8192)
         assert (cfg.block_n, cfg.num_warps, cfg.rows) == (looped.block_n, looped.num_warps, 1)
         assert pipelined(op, 2, 4096, 16).config(65536, t.bfloat16).block_n == 4096
+
+
+def test_tilelang_pipelined_compiles_for_sm90_without_spills():
+    """The TileLang candidate (impls/tilelang/_candidates.py) built for sm_90 with nvcc at the
+    probe's N, a padded N and float32: an sm_90 binary, registers within 255, no spills. It
+    cannot run here; the probe's checks on the GPU are its first run."""
+    from impls.tilelang import compiler
+
+    tl, why = compiler.tilelang_module()
+    if tl is None:
+        pytest.skip(why)
+    if compiler.nvcc_path() is None:
+        pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
+    from impls.tilelang._candidates import compile_offline
+
+    for dtype, n in (("bfloat16", 65536), ("bfloat16", 100000), ("float32", 262144)):
+        r = compile_offline(dtype, n)
+        assert r["sass_arch"] == "sm_90" and r["registers"] is not None and r["registers"] <= 255, r
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r

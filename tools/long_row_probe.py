@@ -58,6 +58,12 @@ def _triton_pipelined(op, programs_per_sm=1, block_n=None, warps=None):
     return pipelined(op, programs_per_sm, block_n, warps)
 
 
+def _tilelang_pipelined(blocks_per_sm=1):
+    from impls.tilelang._candidates import splitk_pipelined
+
+    return splitk_pipelined(blocks_per_sm)
+
+
 def candidates(op: str) -> list[tuple[int, str, object]]:
     """(tier, label, factory)."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
@@ -82,6 +88,10 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     ]
     if op == "rms_norm":
         c.append((2, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))
+        # impls/tilelang/_candidates.py: splitk's segments, two rows in flight per persistent block
+        # (sm_90, bf16: 143 registers at 256 threads, one block an SM)
+        c.append((1, "tilelang.splitk_pipelined", lambda: _tilelang_pipelined(1)))
+        c.append((2, "tilelang.splitk_pipelined 2/SM", lambda: _tilelang_pipelined(2)))
     return c
 
 
