@@ -20,7 +20,6 @@ import triton
 import triton.language as tl
 
 from impls.triton._kernels import _store_y
-from impls.triton._launch import state
 from impls.triton.layer_norm import TritonLayerNormLooped
 from impls.triton.rms_norm import TritonRMSNormLooped
 from impls.triton.settings import LaunchConfig, launch_config
@@ -152,18 +151,23 @@ class _Pipelined:
         cfg = launch_config(n, dtype, looped=True, op=self.op, m=m)  # the looped kernels' own
         return LaunchConfig(block_n=self.block_n or cfg.block_n, rows=1, num_warps=self.warps or cfg.num_warps)
 
+    def _meta(self, cfg: LaunchConfig) -> dict:
+        return {}  # no ROWS: one row at a time per program
+
     def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
+        """As TritonKernel.run, over a persistent grid, with GRID and ITERS after the scalars."""
         m = x.shape[0]
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else 2
         grid = max(1, min(m, sms * self.programs_per_sm))
-        kwargs = dict(BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                      ROUND_BF16=state().interpreted and x.dtype == torch.bfloat16, **meta)
-        fn = self.kernel_fn
+        self.launch("", x, cfg, *tensors, *scalars, grid, -(-m // grid), grid=(grid,), **meta)
+
+    def launch(self, kernel_name: str, x: torch.Tensor, cfg: LaunchConfig, *args, grid=None, **meta):
+        fn = self.kernel_fn  # not in impls.triton._kernels, which TritonKernel.launch looks in
+        kwargs = self.launch_kwargs(x, cfg, **meta)
         if x.device.type == "cuda":
             with torch.cuda.device(x.device):
-                fn[(grid,)](*tensors, *scalars, grid, -(-m // grid), **kwargs)
-        else:
-            fn[(grid,)](*tensors, *scalars, grid, -(-m // grid), **kwargs)
+                return fn[grid](*args, **kwargs)
+        return fn[grid](*args, **kwargs)
 
 
 def pipelined(op: str, programs_per_sm: int = 1, block_n: int | None = None, warps: int | None = None):
