@@ -52,6 +52,24 @@ def _tilelang_cluster(op, threads=None, vectors=None, bound=True):
     return k
 
 
+def _tilelang_smem(op, threads=None, segment_bytes=None, max_cluster=8):
+    from impls.tilelang._long_plan import smem_cluster_plan
+
+    variant = "cluster_smem" if op == "rms_norm" else "layer_norm_cluster_smem"
+    k = copy.copy(registry.get(op, "tilelang", "cluster" if op == "rms_norm" else "layer_norm_cluster"))
+    k.__dict__.pop("_plans", None)
+    k.variant = variant
+    k.plan_for = lambda dtype, n, hw, hb, vec, m=None: smem_cluster_plan(variant, dtype, n, hw, hb, vec, threads,
+                                                                         segment_bytes, max_cluster)
+    return k
+
+
+def _triton_split_lag(op, block_n=None, warps=None):
+    from impls.triton._candidates import split_lag
+
+    return split_lag(op, block_n, warps)
+
+
 def _triton_pipelined(op, programs_per_sm=1, block_n=None, warps=None):
     from impls.triton._candidates import pipelined
 
@@ -67,20 +85,33 @@ def _tilelang_pipelined(blocks_per_sm=1):
 def candidates(op: str) -> list[tuple[int, str, object]]:
     """(tier, label, factory)."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
+    smem = "tilelang.cluster_smem" if op == "rms_norm" else "tilelang.layer_norm_cluster_smem"
     c = [
+        # impls/tilelang/_long_programs.py *_cluster_smem: each block's segment in shared memory
+        # (segments of at most 32 KB by default: several blocks an SM)
+        (1, smem, lambda: _tilelang_smem(op)),
+        (1, f"{smem} 512 threads", lambda: _tilelang_smem(op, threads=512)),
+        (1, f"{smem} 64KB segments", lambda: _tilelang_smem(op, segment_bytes=65536)),
+        (1, f"{smem} 16KB segments", lambda: _tilelang_smem(op, segment_bytes=16384)),
+        (1, f"{smem} cluster<=16", lambda: _tilelang_smem(op, max_cluster=16)),
+        (1, "triton.split 16384x16w", lambda: _triton_split(op, 1, 16384, 16)),
+        # impls/triton/_candidates.py split_lag: row i's partial published, row i - 1 stored
+        (1, "triton.split_lag", lambda: _triton_split_lag(op)),
+        (1, "triton.split_lag 2048x2w", lambda: _triton_split_lag(op, 2048, 2)),
+        (1, "triton.split_lag 8192x8w", lambda: _triton_split_lag(op, 8192, 8)),
+        (2, "triton.split_lag 16384x16w", lambda: _triton_split_lag(op, 16384, 16)),
+        (2, "triton.split 32768x32w", lambda: _triton_split(op, 1, 32768, 32)),
+        (2, "triton.split 8192x4w", lambda: _triton_split(op, 1, 8192, 4)),
         # impls/triton/_candidates.py: two rows in flight per persistent program (registers for
         # sm_90, bf16 at N 262144: 8192 x 32 warps 57 RMSNorm / 64 LayerNorm, one program an SM;
         # 4096 x 16 warps 40 / 78)
-        (1, "triton.pipelined", lambda: _triton_pipelined(op)),
-        (1, "triton.pipelined 4096x16w 2/SM", lambda: _triton_pipelined(op, 2, 4096, 16)),
-        (1, "triton.pipelined 4096x16w 3/SM", lambda: _triton_pipelined(op, 3, 4096, 16)),
-        (2, "triton.pipelined 8192x16w", lambda: _triton_pipelined(op, 1, 8192, 16)),
+        # (measured at 1f66cd2: 38-74%, below triton.split and triton.looped everywhere)
+        (3, "triton.pipelined", lambda: _triton_pipelined(op)),
         (1, name, lambda: _tilelang_cluster(op)),
         (1, "triton.split", lambda: _triton_split(op)),
-        (1, "triton.split depth=2", lambda: _triton_split(op, depth=2)),
+        (3, "triton.split depth=2", lambda: _triton_split(op, depth=2)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
         (2, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),
-        (2, "triton.split 8192x8w depth=2", lambda: _triton_split(op, 2, 8192, 8)),
         (2, f"{name} 1024 threads", lambda: _tilelang_cluster(op, threads=1024)),
         (3, f"{name} no launch bound", lambda: _tilelang_cluster(op, bound=False)),
         (3, f"{name} 256 threads", lambda: _tilelang_cluster(op, threads=256)),
@@ -90,8 +121,7 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         c.append((2, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))
         # impls/tilelang/_candidates.py: splitk's segments, two rows in flight per persistent block
         # (sm_90, bf16: 143 registers at 256 threads, one block an SM)
-        c.append((1, "tilelang.splitk_pipelined", lambda: _tilelang_pipelined(1)))
-        c.append((2, "tilelang.splitk_pipelined 2/SM", lambda: _tilelang_pipelined(2)))
+        c.append((2, "tilelang.splitk_pipelined", lambda: _tilelang_pipelined(1)))
     return c
 
 
@@ -127,6 +157,31 @@ def check(op, kernel, x, w, b, eps, out) -> dict:
             "alone_bitwise": bool(torch.equal(alone.y, out.y[:SAMPLE_ROWS]))}
 
 
+def _compile(plan) -> str | None:
+    """A worker's share of the prewarm: compile one TileLang plan into TileLang's disk cache."""
+    try:
+        from impls.tilelang import _candidates, compiler
+
+        _candidates._register_builder()
+        compiler.compile_plan(plan)
+    except Exception as exc:  # noqa: BLE001 (the probe reports it when it runs the candidate)
+        return f"{plan.describe()}: {type(exc).__name__}: {exc}"[:300]
+    return None
+
+
+def prewarm(plans: list, jobs: int) -> None:
+    """Compile the TileLang candidates' plans in parallel (spawned workers: CUDA cannot fork), so
+    the probe's budget goes to timing; the probe then loads them from the disk cache."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        errors = [e for e in pool.map(_compile, plans) if e]
+    print(f"prewarm: {len(plans)} TileLang plans in {time.perf_counter() - t0:.0f} s"
+          + "".join(f"\n  {e}" for e in errors), flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.long_row_probe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,6 +192,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiers", type=int, default=3)
     p.add_argument("--budget", type=float, default=110.0, help="seconds after which no candidate starts")
     p.add_argument("--bench-rows", action="store_true", help="the benchmark's M instead of x of about 1 GiB")
+    p.add_argument("--jobs", type=int, default=0, help="compile the TileLang candidates first in this many "
+                   "processes (0: none)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     out_dir = Path(args.out)
@@ -155,13 +212,32 @@ def main(argv=None) -> int:
         (out_dir / "long_rows.json").write_text(json.dumps(doc, indent=1))
         (out_dir / "long_rows.txt").write_text("\n".join(lines) + "\n")
 
+    def inputs_for(op, n):
+        if (op, n) not in inputs:
+            m = bandwidth_rows(n) if args.bench_rows else max(1, 2**30 // (n * dtype.itemsize))
+            inputs[op, n] = make_inputs(Case(op, dtype_name(dtype), (m, n)), "cuda")
+        return inputs[op, n]
+
+    if args.jobs:
+        plans = set()
+        for op in ops:
+            for n in ns:
+                d = inputs_for(op, n)
+                spec = spec_of(op, d.x, "cuda", d.weight, d.bias)
+                for t, label, make in candidates(op):
+                    if t <= args.tiers and label.startswith("tilelang"):
+                        try:
+                            k = make()
+                            if not k.unsupported(spec):
+                                plans.add(k.compile_key(spec))
+                        except Exception:  # noqa: BLE001 (reported when the candidate runs)
+                            pass
+        prewarm(sorted(plans, key=repr), args.jobs)
+
     for tier in range(1, args.tiers + 1):
         for op in ops:
             for n in ns:
-                if (op, n) not in inputs:
-                    m = bandwidth_rows(n) if args.bench_rows else max(1, 2**30 // (n * dtype.itemsize))
-                    inputs[op, n] = make_inputs(Case(op, dtype_name(dtype), (m, n)), "cuda")
-                d = inputs[op, n]
+                d = inputs_for(op, n)
                 x, w, b, eps = d.x, d.weight, d.bias, d.eps
                 m = x.shape[0]
                 for t, label, make in candidates(op):

@@ -8,9 +8,18 @@ from __future__ import annotations
 import torch
 
 from impls.base import dtype_name
+from impls.gpu_limits import SM_REGISTERS, SM_SHARED, SM_THREADS
 from impls.tilelang.plan import Plan, max_vec
 
 CLUSTER_VARIANTS = ("cluster", "layer_norm_cluster")  # RMSNorm, LayerNorm
+# The same exchange with each block's segment in shared memory (_long_programs.*_cluster_smem).
+SMEM_VARIANTS = ("cluster_smem", "layer_norm_cluster_smem")
+SMEM_THREADS = 256
+# The smallest cluster whose segments fit this many bytes of x each (more blocks per SM), at most
+# MAX_CLUSTER blocks; a segment may be up to SMEM_SEGMENT_MAX (one block per SM).
+SMEM_SEGMENT_BYTES = 32768
+SMEM_SEGMENT_MAX = 200 * 1024
+SMEM_MIN_REGISTERS = 64
 # Portable cluster size on sm_90 (16 needs a non-portable launch attribute).
 MAX_CLUSTER = 8
 CLUSTER_THREADS = 512
@@ -59,3 +68,32 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     whole = per16 == 1 and n % seg == 0  # no masked lanes
     min_blocks = 2 if bound and whole and vpt <= CLUSTER_VECTORS and tpr == CLUSTER_THREADS else None
     return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, 1, seg, min_blocks)
+
+
+def smem_cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
+                      threads: int | None = None, segment_bytes: int | None = None,
+                      max_cluster: int = MAX_CLUSTER) -> Plan:
+    """The shared-memory cluster kernels' plan: the fewest blocks per row (a power of two, at
+    most MAX_CLUSTER) whose segments hold at most ``segment_bytes`` of x, each a multiple of
+    threads x 16 bytes of columns (``threads``/``segment_bytes`` override the defaults, for
+    tools/long_row_probe)."""
+    dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    tpr = threads or SMEM_THREADS
+    size = getattr(torch, dt).itemsize
+    unit = tpr * max_vec(getattr(torch, dt))
+    most = segment_bytes or SMEM_SEGMENT_BYTES  # (max_cluster 16 needs a non-portable cluster launch)
+    c = 1
+    while c < max_cluster and -(-n // c) * size > most:
+        c *= 2
+    seg = -(-(-(-n // c)) // unit) * unit
+    # A launch bound of as many blocks as shared memory holds, while that leaves ptxas at least
+    # SMEM_MIN_REGISTERS per thread: ptxas otherwise keeps every vector of the segment's load in
+    # flight in registers (87 at bf16 262144, 256 threads: two blocks an SM where three fit).
+    fit = min(SM_SHARED // (seg * size + 1024), SM_THREADS // tpr, SM_REGISTERS // (tpr * SMEM_MIN_REGISTERS))
+    return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, 1, seg, fit if fit > 1 else None)
+
+
+def smem_max_n(dtype: str) -> int:
+    """The longest row the shared-memory cluster kernels take: MAX_CLUSTER segments of at most
+    SMEM_SEGMENT_MAX bytes."""
+    return MAX_CLUSTER * (SMEM_SEGMENT_MAX // getattr(torch, dtype).itemsize)

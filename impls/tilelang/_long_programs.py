@@ -150,3 +150,154 @@ def layer_norm_cluster(plan: Plan):
 
 
 BUILDERS = {"cluster": rms_norm_cluster, "layer_norm_cluster": layer_norm_cluster}
+
+
+def _smem_chunks(plan: Plan):
+    """(K, chunks): one chunk is one vector per thread (K = threads x vec columns); a block's
+    segment of S columns is S // K chunks (the plan makes S a multiple of K)."""
+    K = plan.threads * plan.vec
+    return K, plan.padded // K
+
+
+def _chunk_loop(chunks: int):
+    return T.unroll(chunks) if chunks <= 16 else T.serial(chunks)
+
+
+def rms_norm_cluster_smem(plan: Plan):
+    """As rms_norm_cluster, with the block's segment held in shared memory instead of registers:
+    few registers per thread, so several blocks (of different clusters) share an SM and one
+    block's loads run while another waits at its cluster barrier. The segment is loaded once
+    (global -> shared), summed and scaled from shared memory."""
+    N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
+    C = cluster_size(plan)
+    K, chunks = _smem_chunks(plan)
+    NW, _ = _signature_sizes(plan)
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
+    has_w = plan.has_weight
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), Y: T.Tensor((LY,), dt),
+        RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
+    ):
+        with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
+            if plan.min_blocks:
+                T.annotate_min_blocks_per_sm(plan.min_blocks)
+            xs = T.alloc_shared((1, S), dt)
+            acc = T.alloc_fragment((1, K), F32)
+            ss = T.alloc_fragment((1,), F32)
+            mine = T.alloc_shared((1,), F32)
+            slots = T.alloc_shared((C, 1), F32)
+            T.annotate_layout({acc: _row_layout(plan, 1, K)})
+            for p, k in T.Parallel(C, 1):
+                slots[p, k] = 0.0
+            T.cluster_arrive()
+            row = bx // C
+            base = (bx % C) * S
+            for r, j in T.Parallel(1, S):
+                xs[r, j] = T.if_then_else(
+                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
+            for r, j in T.Parallel(1, K):
+                acc[r, j] = 0.0
+            for c in _chunk_loop(chunks):
+                for r, j in T.Parallel(1, K):
+                    acc[r, j] += T.cast(xs[r, c * K + j], F32) * T.cast(xs[r, c * K + j], F32)
+            T.reduce_sum(acc, ss, dim=1)
+            mine[0] = ss[0]
+            T.cluster_wait()
+            for p in T.serial(C):
+                T.copy_cluster(mine[0:1], slots[bx % C, 0:1], dst_block=p)
+            T.cluster_sync()
+            ss[0] = 0.0
+            for p in T.serial(C):  # rank order: the same sum in every block
+                ss[0] += slots[p, 0]
+            ss[0] = T.rsqrt(ss[0] / N + eps)
+            for c in _chunk_loop(chunks):
+                for r, j in T.Parallel(1, K):
+                    if base + c * K + j < N:
+                        Y[T.cast(row, "int64") * syv * vec + base + c * K + j] = T.cast(_affine(
+                            T.cast(xs[r, c * K + j], F32) * ss[0], W, None, base + c * K + j, has_w, False), dt)
+            if bx % C == 0:
+                RSTD[row] = ss[0]
+
+    return main
+
+
+def layer_norm_cluster_smem(plan: Plan):
+    """layer_norm_cluster's statistics (each block's sum and its sum of squares about its own
+    mean, merged exactly after the exchange) over a segment held in shared memory, as
+    rms_norm_cluster_smem."""
+    N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
+    C = cluster_size(plan)
+    K, chunks = _smem_chunks(plan)
+    NW, NB = _signature_sizes(plan)
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
+    has_w, has_b = plan.has_weight, plan.has_bias
+    last = N - (C - 1) * S
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), B: T.Tensor((NB,), dt), Y: T.Tensor((LY,), dt),
+        MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
+    ):
+        with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
+            if plan.min_blocks:
+                T.annotate_min_blocks_per_sm(plan.min_blocks)
+            xs = T.alloc_shared((1, S), dt)
+            acc = T.alloc_fragment((1, K), F32)
+            s1 = T.alloc_fragment((1,), F32)
+            s2 = T.alloc_fragment((1,), F32)
+            mine = T.alloc_shared((2,), F32)
+            slots = T.alloc_shared((C, 2), F32)
+            T.annotate_layout({acc: _row_layout(plan, 1, K)})
+            for p, k in T.Parallel(C, 2):
+                slots[p, k] = 0.0
+            T.cluster_arrive()
+            row = bx // C
+            base = (bx % C) * S
+            nb = T.if_then_else(bx % C == C - 1, last, S)
+            for r, j in T.Parallel(1, S):
+                xs[r, j] = T.if_then_else(
+                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
+            for r, j in T.Parallel(1, K):
+                acc[r, j] = 0.0
+            for c in _chunk_loop(chunks):
+                for r, j in T.Parallel(1, K):
+                    acc[r, j] += T.cast(xs[r, c * K + j], F32)
+            T.reduce_sum(acc, s1, dim=1)
+            for r, j in T.Parallel(1, K):
+                acc[r, j] = 0.0
+            for c in _chunk_loop(chunks):
+                for r, j in T.Parallel(1, K):
+                    acc[r, j] += T.if_then_else(base + c * K + j < N, (T.cast(xs[r, c * K + j], F32) - s1[0] / nb) * (
+                        T.cast(xs[r, c * K + j], F32) - s1[0] / nb), 0.0)
+            T.reduce_sum(acc, s2, dim=1)
+            mine[0] = s1[0]
+            mine[1] = s2[0]
+            T.cluster_wait()
+            for p in T.serial(C):
+                T.copy_cluster(mine[0:2], slots[bx % C, 0:2], dst_block=p)
+            T.cluster_sync()
+            s1[0] = 0.0
+            for p in T.serial(C):
+                s1[0] += slots[p, 0]
+            s1[0] = s1[0] / N
+            s2[0] = 0.0
+            for p in T.serial(C):
+                s2[0] += slots[p, 1] + T.if_then_else(p == C - 1, last, S) * (
+                    slots[p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0]) * (
+                    slots[p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0])
+            s2[0] = T.rsqrt(s2[0] / N + eps)
+            for c in _chunk_loop(chunks):
+                for r, j in T.Parallel(1, K):
+                    if base + c * K + j < N:
+                        Y[T.cast(row, "int64") * syv * vec + base + c * K + j] = T.cast(_affine(
+                            (T.cast(xs[r, c * K + j], F32) - s1[0]) * s2[0], W, B, base + c * K + j, has_w, has_b), dt)
+            if bx % C == 0:
+                MEAN[row] = s1[0]
+                RSTD[row] = s2[0]
+
+    return main
+
+
+BUILDERS.update(cluster_smem=rms_norm_cluster_smem, layer_norm_cluster_smem=layer_norm_cluster_smem)
