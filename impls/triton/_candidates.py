@@ -243,7 +243,8 @@ def rms_norm_split_lag(
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)  # group < M
     x_prev = x_cur
     it = 0
-    for row in tl.range(group, M + GROUPS, GROUPS):  # the last step (row >= M) only stores
+    row = group
+    while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
         x = x_cur.to(tl.float32)
         ss = tl.sum(x * x, axis=0)
         nxt = row + GROUPS
@@ -263,6 +264,7 @@ def rms_norm_split_lag(
         x_prev = x_cur
         x_cur = x_next
         it += 1
+        row += GROUPS
     _lag_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)
 
 
@@ -285,7 +287,8 @@ def layer_norm_split_lag(
     x_prev = x_cur
     m_prev = 0.0
     it = 0
-    for row in tl.range(group, M + GROUPS, GROUPS):
+    row = group
+    while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
         x = x_cur.to(tl.float32)
         m_part = tl.sum(x, axis=0) / n_part
         d = tl.where(cmask, x - m_part, 0.0)
@@ -315,6 +318,7 @@ def layer_norm_split_lag(
         x_cur = x_next
         m_prev = m_part
         it += 1
+        row += GROUPS
     _lag_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)
 
 
