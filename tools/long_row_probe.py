@@ -275,7 +275,8 @@ def main(argv=None) -> int:
                     if "pct_of_copy" in r:
                         line = (f"{op:10s} {m}x{n:<7d} {label:42s} {r['pct_of_copy']:6.1f}%  {r['ms']:.3f} ms  "
                                 f"err {r['y_max_abs_err']:.2e} ok={r['ok']} repeat={r['repeat_bitwise']} "
-                                f"alone={r['alone_bitwise']}  compile {r['compile_s']}s")
+                                f"alone={r['alone_bitwise']}  compile {r['compile_s']}s"
+                                + ("" if r["ok"] else f"  bad rows {r['bad_rows']}"))
                     else:
                         line = f"{op:10s} {m}x{n:<7d} {label:42s} " + (r.get("skipped") or r.get("error", ""))[:300]
                     print(line, flush=True)
