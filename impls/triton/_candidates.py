@@ -241,7 +241,9 @@ def rms_norm_split_lag(
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)  # group < M
-    x_prev = x_cur
+    # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
+    # values and reads x_cur in its place (bad rows: all but each group's first).
+    x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
     it = 0
     row = group
     while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
@@ -284,7 +286,9 @@ def layer_norm_split_lag(
     j = tl.arange(0, SPLITS_P2)
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)
-    x_prev = x_cur
+    # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
+    # values and reads x_cur in its place (bad rows: all but each group's first).
+    x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
     m_prev = 0.0
     it = 0
     row = group
