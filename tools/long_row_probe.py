@@ -52,10 +52,10 @@ def _tilelang_cluster(op, threads=None, vectors=None, bound=True):
     return k
 
 
-def _tilelang_smem(op, threads=None, segment_bytes=None, max_cluster=8):
+def _tilelang_smem(op, threads=None, segment_bytes=None, max_cluster=8, one_pass=False):
     from impls.tilelang._long_plan import smem_cluster_plan
 
-    variant = "cluster_smem" if op == "rms_norm" else "layer_norm_cluster_smem"
+    variant = "cluster_smem" if op == "rms_norm" else "layer_norm_cluster_smem" + ("1" if one_pass else "")
     k = copy.copy(registry.get(op, "tilelang", "cluster" if op == "rms_norm" else "layer_norm_cluster"))
     k.__dict__.pop("_plans", None)
     k.variant = variant
@@ -64,10 +64,10 @@ def _tilelang_smem(op, threads=None, segment_bytes=None, max_cluster=8):
     return k
 
 
-def _triton_split_lag(op, block_n=None, warps=None):
+def _triton_split_lag(op, block_n=None, warps=None, reload=False):
     from impls.triton._candidates import split_lag
 
-    return split_lag(op, block_n, warps)
+    return split_lag(op, block_n, warps, reload)
 
 
 def _triton_pipelined(op, programs_per_sm=1, block_n=None, warps=None):
@@ -89,19 +89,22 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     c = [
         # impls/tilelang/_long_programs.py *_cluster_smem: each block's segment in shared memory
         # (segments of at most 32 KB by default: several blocks an SM)
+        # (measured at 2bfae55: 256 threads best up to 8 vectors a thread, 512 beyond; 32 KB
+        # segments best or within a point; clusters of up to 16 no faster)
         (1, smem, lambda: _tilelang_smem(op)),
-        (1, f"{smem} 512 threads", lambda: _tilelang_smem(op, threads=512)),
-        (1, f"{smem} 64KB segments", lambda: _tilelang_smem(op, segment_bytes=65536)),
-        (1, f"{smem} 16KB segments", lambda: _tilelang_smem(op, segment_bytes=16384)),
-        (1, f"{smem} cluster<=16", lambda: _tilelang_smem(op, max_cluster=16)),
+        (2, f"{smem} 256 threads", lambda: _tilelang_smem(op, threads=256)),
+        (3, f"{smem} 512 threads", lambda: _tilelang_smem(op, threads=512)),
+        (3, f"{smem} 64KB segments", lambda: _tilelang_smem(op, segment_bytes=65536)),
+        (3, f"{smem} 16KB segments", lambda: _tilelang_smem(op, segment_bytes=16384)),
+        (3, f"{smem} cluster<=16", lambda: _tilelang_smem(op, max_cluster=16)),
         (3, "triton.split 16384x16w", lambda: _triton_split(op, 1, 16384, 16)),
         # impls/triton/_candidates.py split_lag: row i's partial published, row i - 1 stored
         (1, "triton.split_lag", lambda: _triton_split_lag(op)),
         (1, "triton.split_lag 2048x2w", lambda: _triton_split_lag(op, 2048, 2)),
         (1, "triton.split_lag 8192x8w", lambda: _triton_split_lag(op, 8192, 8)),
-        (2, "triton.split_lag 16384x16w", lambda: _triton_split_lag(op, 16384, 16)),
+        (3, "triton.split_lag 16384x16w", lambda: _triton_split_lag(op, 16384, 16)),
         (3, "triton.split 32768x32w", lambda: _triton_split(op, 1, 32768, 32)),
-        (2, "triton.split 8192x4w", lambda: _triton_split(op, 1, 8192, 4)),
+        (3, "triton.split 8192x4w", lambda: _triton_split(op, 1, 8192, 4)),
         # impls/triton/_candidates.py: two rows in flight per persistent program (registers for
         # sm_90, bf16 at N 262144: 8192 x 32 warps 57 RMSNorm / 64 LayerNorm, one program an SM;
         # 4096 x 16 warps 40 / 78)
@@ -117,6 +120,11 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (3, f"{name} 256 threads", lambda: _tilelang_cluster(op, threads=256)),
         (3, f"{name} 8 vectors", lambda: _tilelang_cluster(op, vectors=8)),
     ]
+    if op == "rms_norm":
+        c.append((1, "triton.split_lag reload", lambda: _triton_split_lag(op, reload=True)))
+        c.append((1, "triton.split_lag reload 2048x2w", lambda: _triton_split_lag(op, 2048, 2, reload=True)))
+    else:
+        c.append((1, f"{smem} 1-pass", lambda: _tilelang_smem(op, one_pass=True)))
     if op == "rms_norm":
         c.append((2, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))
         # impls/tilelang/_candidates.py: splitk's segments, two rows in flight per persistent block

@@ -13,13 +13,14 @@ from impls.tilelang.plan import Plan, max_vec
 
 CLUSTER_VARIANTS = ("cluster", "layer_norm_cluster")  # RMSNorm, LayerNorm
 # The same exchange with each block's segment in shared memory (_long_programs.*_cluster_smem).
-SMEM_VARIANTS = ("cluster_smem", "layer_norm_cluster_smem")
+SMEM_VARIANTS = ("cluster_smem", "layer_norm_cluster_smem", "layer_norm_cluster_smem1")
 SMEM_THREADS = 256
 # The smallest cluster whose segments fit this many bytes of x each (more blocks per SM), at most
 # MAX_CLUSTER blocks; a segment may be up to SMEM_SEGMENT_MAX (one block per SM).
 SMEM_SEGMENT_BYTES = 32768
 SMEM_SEGMENT_MAX = 200 * 1024
 SMEM_MIN_REGISTERS = 64
+SMEM_VECTORS = 8
 # Portable cluster size on sm_90 (16 needs a non-portable launch attribute).
 MAX_CLUSTER = 8
 CLUSTER_THREADS = 512
@@ -78,13 +79,14 @@ def smem_cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight
     threads x 16 bytes of columns (``threads``/``segment_bytes`` override the defaults, for
     tools/long_row_probe)."""
     dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
-    tpr = threads or SMEM_THREADS
     size = getattr(torch, dt).itemsize
-    unit = tpr * max_vec(getattr(torch, dt))
     most = segment_bytes or SMEM_SEGMENT_BYTES  # (max_cluster 16 needs a non-portable cluster launch)
     c = 1
     while c < max_cluster and -(-n // c) * size > most:
         c *= 2
+    # More threads where the segment would be more than SMEM_VECTORS 16-byte vectors per thread.
+    tpr = threads or (SMEM_THREADS if -(-n // c) * size <= SMEM_THREADS * 16 * SMEM_VECTORS else 2 * SMEM_THREADS)
+    unit = tpr * max_vec(getattr(torch, dt))
     seg = -(-(-(-n // c)) // unit) * unit
     # A launch bound of as many blocks as shared memory holds, while that leaves ptxas at least
     # SMEM_MIN_REGISTERS per thread: ptxas otherwise keeps every vector of the segment's load in

@@ -223,7 +223,7 @@ def rms_norm_cluster_smem(plan: Plan):
     return main
 
 
-def layer_norm_cluster_smem(plan: Plan):
+def layer_norm_cluster_smem(plan: Plan, one_pass: bool = False):
     """layer_norm_cluster's statistics (each block's sum and its sum of squares about its own
     mean, merged exactly after the exchange) over a segment held in shared memory, as
     rms_norm_cluster_smem."""
@@ -245,11 +245,12 @@ def layer_norm_cluster_smem(plan: Plan):
                 T.annotate_min_blocks_per_sm(plan.min_blocks)
             xs = T.alloc_shared((1, S), dt)
             acc = T.alloc_fragment((1, K), F32)
+            acc2 = T.alloc_fragment((1, K), F32)
             s1 = T.alloc_fragment((1,), F32)
             s2 = T.alloc_fragment((1,), F32)
             mine = T.alloc_shared((2,), F32)
             slots = T.alloc_shared((C, 2), F32)
-            T.annotate_layout({acc: _row_layout(plan, 1, K)})
+            T.annotate_layout({acc: _row_layout(plan, 1, K), acc2: _row_layout(plan, 1, K)})
             for p, k in T.Parallel(C, 2):
                 slots[p, k] = 0.0
             T.cluster_arrive()
@@ -259,21 +260,39 @@ def layer_norm_cluster_smem(plan: Plan):
             for r, j in T.Parallel(1, S):
                 xs[r, j] = T.if_then_else(
                     base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
-            for r, j in T.Parallel(1, K):
-                acc[r, j] = 0.0
-            for c in _chunk_loop(chunks):
+            if one_pass:
+                # Sums shifted by the segment's first value (no E[x^2] - E[x]^2 cancellation of a
+                # large common part), both in one pass over shared memory.
                 for r, j in T.Parallel(1, K):
-                    acc[r, j] += T.cast(xs[r, c * K + j], F32)
-            T.reduce_sum(acc, s1, dim=1)
-            for r, j in T.Parallel(1, K):
-                acc[r, j] = 0.0
-            for c in _chunk_loop(chunks):
+                    acc[r, j] = 0.0
+                    acc2[r, j] = 0.0
+                for c in _chunk_loop(chunks):
+                    for r, j in T.Parallel(1, K):
+                        acc[r, j] += T.if_then_else(base + c * K + j < N,
+                                                    T.cast(xs[r, c * K + j], F32) - T.cast(xs[0, 0], F32), 0.0)
+                        acc2[r, j] += T.if_then_else(base + c * K + j < N, (
+                            T.cast(xs[r, c * K + j], F32) - T.cast(xs[0, 0], F32)) * (
+                            T.cast(xs[r, c * K + j], F32) - T.cast(xs[0, 0], F32)), 0.0)
+                T.reduce_sum(acc, s1, dim=1)
+                T.reduce_sum(acc2, s2, dim=1)
+                mine[0] = s1[0] + nb * T.cast(xs[0, 0], F32)
+                mine[1] = s2[0] - s1[0] * s1[0] / nb
+            else:
                 for r, j in T.Parallel(1, K):
-                    acc[r, j] += T.if_then_else(base + c * K + j < N, (T.cast(xs[r, c * K + j], F32) - s1[0] / nb) * (
-                        T.cast(xs[r, c * K + j], F32) - s1[0] / nb), 0.0)
-            T.reduce_sum(acc, s2, dim=1)
-            mine[0] = s1[0]
-            mine[1] = s2[0]
+                    acc[r, j] = 0.0
+                for c in _chunk_loop(chunks):
+                    for r, j in T.Parallel(1, K):
+                        acc[r, j] += T.cast(xs[r, c * K + j], F32)
+                T.reduce_sum(acc, s1, dim=1)
+                for r, j in T.Parallel(1, K):
+                    acc[r, j] = 0.0
+                for c in _chunk_loop(chunks):
+                    for r, j in T.Parallel(1, K):
+                        acc[r, j] += T.if_then_else(base + c * K + j < N, (T.cast(xs[r, c * K + j], F32) - s1[0] / nb) * (
+                            T.cast(xs[r, c * K + j], F32) - s1[0] / nb), 0.0)
+                T.reduce_sum(acc, s2, dim=1)
+                mine[0] = s1[0]
+                mine[1] = s2[0]
             T.cluster_wait()
             for p in T.serial(C):
                 T.copy_cluster(mine[0:2], slots[bx % C, 0:2], dst_block=p)
@@ -300,4 +319,5 @@ def layer_norm_cluster_smem(plan: Plan):
     return main
 
 
-BUILDERS.update(cluster_smem=rms_norm_cluster_smem, layer_norm_cluster_smem=layer_norm_cluster_smem)
+BUILDERS.update(cluster_smem=rms_norm_cluster_smem, layer_norm_cluster_smem=layer_norm_cluster_smem,
+                layer_norm_cluster_smem1=lambda plan: layer_norm_cluster_smem(plan, one_pass=True))

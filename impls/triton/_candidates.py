@@ -234,8 +234,9 @@ def _lag_finish(WORDS, DONE, group, SPLITS: tl.constexpr, SPLITS_P2: tl.constexp
 def rms_norm_split_lag(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
+    ROUND_BF16: tl.constexpr, RELOAD: tl.constexpr = False,
 ):
+    # RELOAD: row i - 1 read again (from L2, read one step ago) instead of held in registers.
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -250,12 +251,16 @@ def rms_norm_split_lag(
         x = x_cur.to(tl.float32)
         ss = tl.sum(x * x, axis=0)
         nxt = row + GROUPS
-        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
+                         eviction_policy="evict_last" if RELOAD else "")
         if row < M:
             _lag_publish(WORDS, group, part, it, ss, ss, SPLITS)
         if it > 0:
             ss_j, _ = _lag_wait(WORDS, group, it - 1, SPLITS, SPLITS_P2)
             rstd = tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)  # the same order in every program
+            if RELOAD:
+                x_prev = tl.load(X + (row - GROUPS).to(tl.int64) * stride_x + cols, mask=cmask, other=0.0,
+                                 eviction_policy="evict_first")
             y = x_prev.to(tl.float32) * rstd
             if HAS_WEIGHT:
                 y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -340,7 +345,7 @@ def _lag_workspace(device: torch.device):
     return _LAG_WORKSPACE[key]
 
 
-def split_lag(op: str, block_n: int | None = None, warps: int | None = None):
+def split_lag(op: str, block_n: int | None = None, warps: int | None = None, reload: bool = False):
     """triton.split's class with the lagged kernel (a fresh object with its own launch setting;
     default: triton.split's for N)."""
     from impls import registry
@@ -357,7 +362,7 @@ def split_lag(op: str, block_n: int | None = None, warps: int | None = None):
     def run(self, x, cfg, tensors, scalars, **meta):
         m, n = x.shape
         splits = cdiv(n, cfg.block_n)
-        meta = dict(meta, SPLITS=splits, SPLITS_P2=next_pow2(splits))
+        meta = dict(meta, SPLITS=splits, SPLITS_P2=next_pow2(splits), **({"RELOAD": True} if reload else {}))
         words, done = _lag_workspace(x.device)
         kwargs = self.launch_kwargs(x, cfg, **meta)
         with torch.cuda.device(x.device):
