@@ -7,7 +7,9 @@ import torch
 
 from impls import registry
 from impls.base import NormSpec
-from impls.tilelang._long_plan import MAX_CLUSTER, cluster_max_n, cluster_plan, cluster_size
+from impls.gpu_limits import SM_REGISTERS, SM_SHARED
+from impls.tilelang._long_plan import (MAX_CLUSTER, MIN_REGISTERS, SEGMENT_MAX, cluster_max_n, cluster_plan,
+                                       cluster_size)
 from impls.tilelang.plan import choose_vec, make_plan
 
 
@@ -24,7 +26,24 @@ def test_cluster_plan_covers_the_row_in_at_most_eight_blocks(variant, dtype, n):
     assert 1 <= c <= MAX_CLUSTER
     assert plan.padded % (plan.threads_per_row * plan.vec) == 0
     assert (c - 1) * plan.padded < n <= c * plan.padded  # no block without columns
-    assert plan.padded // (plan.threads_per_row * plan.vec) * plan.vec * dtype.itemsize <= 256  # 64 registers of x
+    seg_bytes = plan.padded * dtype.itemsize
+    assert seg_bytes <= SEGMENT_MAX  # the segment fits one block's shared memory
+    if plan.min_blocks:  # a launch bound that shared memory and the register floor both allow
+        assert plan.min_blocks * seg_bytes <= SM_SHARED
+        assert plan.min_blocks * plan.threads * MIN_REGISTERS <= SM_REGISTERS
+
+
+def test_cluster_plan_shares_an_sm_at_the_long_rows():
+    """Segments of at most 32 KB at N = 65536 and 131072 in 16-bit (four blocks of 256 threads an
+    SM), 64 KB at 262144 (512 threads, two blocks at the register floor), 128 KB for float32 at
+    262144 (one block: no bound)."""
+    def plan(dtype, n):
+        return cluster_plan("cluster", dtype, n, True, False, 16 // dtype.itemsize)
+
+    assert (cluster_size(plan(torch.bfloat16, 65536)), plan(torch.bfloat16, 65536).min_blocks) == (4, 4)
+    assert plan(torch.bfloat16, 131072).padded * 2 == 32768
+    assert (plan(torch.bfloat16, 262144).threads, plan(torch.bfloat16, 262144).min_blocks) == (512, 2)
+    assert plan(torch.float32, 262144).min_blocks is None
 
 
 def test_cluster_plan_is_one_for_every_m():
@@ -38,7 +57,8 @@ def test_cluster_plan_is_one_for_every_m():
     ("rms_norm", "cluster", torch.float32, 262144, True),
     ("rms_norm", "cluster", torch.bfloat16, 262145, False),
     ("layer_norm", "layer_norm_cluster", torch.bfloat16, 131071, True),
-    ("layer_norm", "layer_norm_cluster", torch.bfloat16, 262143, False),  # narrow accesses spill
+    ("layer_norm", "layer_norm_cluster", torch.bfloat16, 262143, True),  # narrow accesses: in shared memory too
+    ("layer_norm", "layer_norm_cluster", torch.float32, 262145, False),
 ])
 def test_cluster_capacity_is_said(op, variant, dtype, n, ok):
     kernel = registry.get(op, "tilelang", variant)

@@ -29,51 +29,29 @@ from impls.base import UnsupportedCase, dtype_name, spec_of
 SAMPLE_ROWS = 8  # rows checked against float64 (the first ones; the last row too)
 
 
-def _triton_split(op, depth=1, block_n=None, warps=None):
+def _triton_split(op, depth=1, block_n=None, warps=None, lag=True):
     from impls.triton.settings import LaunchConfig
 
     k = copy.copy(registry.get(op, "triton", "split"))
     k.__dict__.pop("_plans", None)  # the copy's own fast-path plans
     k.depth = depth
+    if not lag:  # the kernel that waits for row i's partials before storing row i
+        k.kernel_name = lambda n: k._kernel_name
     if block_n:
         k.config = lambda n, dtype, m=None: LaunchConfig(block_n=block_n, rows=1, num_warps=warps)
     return k
 
 
-def _tilelang_cluster(op, threads=None, vectors=None, bound=True):
+def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8):
     from impls.tilelang._long_plan import cluster_plan
 
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     k.__dict__.pop("_plans", None)
-    if threads or vectors or not bound:
-        k.plan_for = lambda dtype, n, hw, hb, vec, m=None: cluster_plan(variant, dtype, n, hw, hb, vec, threads, vectors,
-                                                                        bound)
+    if threads or segment_bytes or max_cluster != 8:
+        k.plan_for = lambda dtype, n, hw, hb, vec, m=None: cluster_plan(variant, dtype, n, hw, hb, vec, threads,
+                                                                        segment_bytes, max_cluster)
     return k
-
-
-def _tilelang_smem(op, threads=None, segment_bytes=None, max_cluster=8, one_pass=False):
-    from impls.tilelang._long_plan import smem_cluster_plan
-
-    variant = "cluster_smem" if op == "rms_norm" else "layer_norm_cluster_smem" + ("1" if one_pass else "")
-    k = copy.copy(registry.get(op, "tilelang", "cluster" if op == "rms_norm" else "layer_norm_cluster"))
-    k.__dict__.pop("_plans", None)
-    k.variant = variant
-    k.plan_for = lambda dtype, n, hw, hb, vec, m=None: smem_cluster_plan(variant, dtype, n, hw, hb, vec, threads,
-                                                                         segment_bytes, max_cluster)
-    return k
-
-
-def _triton_split_lag(op, block_n=None, warps=None, reload=False):
-    from impls.triton._candidates import split_lag
-
-    return split_lag(op, block_n, warps, reload)
-
-
-def _triton_pipelined(op, programs_per_sm=1, block_n=None, warps=None):
-    from impls.triton._candidates import pipelined
-
-    return pipelined(op, programs_per_sm, block_n, warps)
 
 
 def _tilelang_pipelined(blocks_per_sm=1):
@@ -83,52 +61,30 @@ def _tilelang_pipelined(blocks_per_sm=1):
 
 
 def candidates(op: str) -> list[tuple[int, str, object]]:
-    """(tier, label, factory)."""
+    """(tier, label, factory): the registered long-row kernels first, then other launch choices.
+    Measured at 2bfae55 and dbe314e (docs/perf-notes.md item 44): the cluster kernels with
+    segments in shared memory beat segments in registers by 10-25 points; clusters of up to 16
+    and 16 or 64 KB segments no faster than the rule; the lagged split beat the waiting one by up
+    to 35 points at 262144, and split programs of 16384 or 32768 columns were slower."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
-    smem = "tilelang.cluster_smem" if op == "rms_norm" else "tilelang.layer_norm_cluster_smem"
     c = [
-        # impls/tilelang/_long_programs.py *_cluster_smem: each block's segment in shared memory
-        # (segments of at most 32 KB by default: several blocks an SM)
-        # (measured at 2bfae55: 256 threads best up to 8 vectors a thread, 512 beyond; 32 KB
-        # segments best or within a point; clusters of up to 16 no faster)
-        (1, smem, lambda: _tilelang_smem(op)),
-        (2, f"{smem} 256 threads", lambda: _tilelang_smem(op, threads=256)),
-        (3, f"{smem} 512 threads", lambda: _tilelang_smem(op, threads=512)),
-        (3, f"{smem} 64KB segments", lambda: _tilelang_smem(op, segment_bytes=65536)),
-        (3, f"{smem} 16KB segments", lambda: _tilelang_smem(op, segment_bytes=16384)),
-        (3, f"{smem} cluster<=16", lambda: _tilelang_smem(op, max_cluster=16)),
-        (3, "triton.split 16384x16w", lambda: _triton_split(op, 1, 16384, 16)),
-        # impls/triton/_candidates.py split_lag: row i's partial published, row i - 1 stored
-        (1, "triton.split_lag", lambda: _triton_split_lag(op)),
-        (1, "triton.split_lag 2048x2w", lambda: _triton_split_lag(op, 2048, 2)),
-        (1, "triton.split_lag 8192x8w", lambda: _triton_split_lag(op, 8192, 8)),
-        (3, "triton.split_lag 16384x16w", lambda: _triton_split_lag(op, 16384, 16)),
-        (3, "triton.split 32768x32w", lambda: _triton_split(op, 1, 32768, 32)),
-        (3, "triton.split 8192x4w", lambda: _triton_split(op, 1, 8192, 4)),
-        # impls/triton/_candidates.py: two rows in flight per persistent program (registers for
-        # sm_90, bf16 at N 262144: 8192 x 32 warps 57 RMSNorm / 64 LayerNorm, one program an SM;
-        # 4096 x 16 warps 40 / 78)
-        # (measured at 1f66cd2: 38-74%, below triton.split and triton.looped everywhere)
-        (3, "triton.pipelined", lambda: _triton_pipelined(op)),
         (1, name, lambda: _tilelang_cluster(op)),
         (1, "triton.split", lambda: _triton_split(op)),
-        (3, "triton.split depth=2", lambda: _triton_split(op, depth=2)),
-        (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
+        (1, "triton.looped", lambda: registry.get(op, "triton", "looped")),
+        (2, "triton.split 2048x2w", lambda: _triton_split(op, 1, 2048, 2)),
+        (2, "triton.split 4096x4w", lambda: _triton_split(op, 1, 4096, 4)),
         (2, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),
-        (2, f"{name} 1024 threads", lambda: _tilelang_cluster(op, threads=1024)),
-        (3, f"{name} no launch bound", lambda: _tilelang_cluster(op, bound=False)),
-        (3, f"{name} 256 threads", lambda: _tilelang_cluster(op, threads=256)),
-        (3, f"{name} 8 vectors", lambda: _tilelang_cluster(op, vectors=8)),
+        (2, f"{name} 256 threads", lambda: _tilelang_cluster(op, threads=256)),
+        (2, f"{name} 512 threads", lambda: _tilelang_cluster(op, threads=512)),
+        (3, "triton.split not lagged", lambda: _triton_split(op, lag=False)),
+        (3, f"{name} 64KB segments", lambda: _tilelang_cluster(op, segment_bytes=65536)),
+        (3, f"{name} 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384)),
+        (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
-    if op == "rms_norm":
-        c.append((1, "triton.split_lag reload", lambda: _triton_split_lag(op, reload=True)))
-        c.append((1, "triton.split_lag reload 2048x2w", lambda: _triton_split_lag(op, 2048, 2, reload=True)))
-    else:
-        c.append((1, f"{smem} 1-pass", lambda: _tilelang_smem(op, one_pass=True)))
     if op == "rms_norm":
         c.append((2, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))
         # impls/tilelang/_candidates.py: splitk's segments, two rows in flight per persistent block
-        # (sm_90, bf16: 143 registers at 256 threads, one block an SM)
+        # (sm_90, bf16: 143 registers at 256 threads, one block an SM); not measured yet
         c.append((2, "tilelang.splitk_pipelined", lambda: _tilelang_pipelined(1)))
     return c
 

@@ -1,12 +1,18 @@
 """Long-row TileLang programs: one row over a thread-block cluster (sm_90), x read once.
 
-Block b of the grid (M x CLUSTER blocks, clusters of CLUSTER consecutive blocks) holds columns
-[rank * S, rank * S + S) of row b // CLUSTER in a register fragment (S = plan.padded, rank =
-b % CLUSTER, which is its rank in the cluster). Each block reduces its segment, then writes its
-partial statistics into slot ``rank`` of every cluster peer's shared memory (distributed shared
-memory, cooperative groups' map_shared_rank), and after a cluster barrier every block sums the
-CLUSTER slots in rank order: the same float32 value in every block of the row, in an order that
-depends on neither M nor the launch, so the kernels are deterministic and batch invariant.
+Block b of the grid (M x CLUSTER blocks, clusters of CLUSTER consecutive blocks) loads columns
+[rank * S, rank * S + S) of row b // CLUSTER into shared memory (S = plan.padded, rank =
+b % CLUSTER, its rank in the cluster), reduces it from there, then writes its partial statistics
+into slot ``rank`` of every cluster peer's shared memory (distributed shared memory, cooperative
+groups' map_shared_rank), and after a cluster barrier every block sums the CLUSTER slots in rank
+order: the same float32 value in every block of the row, in an order that depends on neither M
+nor the launch, so the kernels are deterministic and batch invariant. Each block then scales its
+segment from shared memory and stores it.
+
+The segment lives in shared memory, not registers, so a thread holds a few vectors at a time and
+several blocks (of different clusters) share an SM (the plan's launch bound): one block's loads
+run while another waits at its cluster barrier. A segment in registers instead (one block an SM
+at N = 262144) measured 55-78% of copy against 74-90% (docs/perf-notes.md item 44).
 
 Barriers: the slots are zeroed first, so that they are live across the block reduction (TileLang
 would otherwise place the reduction's workspace over them), then each block arrives on the
@@ -27,131 +33,6 @@ from impls.tilelang._programs import F32, _affine, _row_layout, _signature_sizes
 from impls.tilelang.plan import Plan
 
 
-def rms_norm_cluster(plan: Plan):
-    N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
-    C = cluster_size(plan)
-    NW, _ = _signature_sizes(plan)
-    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
-    has_w = plan.has_weight
-
-    @T.prim_func
-    def main(
-        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), Y: T.Tensor((LY,), dt),
-        RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
-    ):
-        with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
-            if plan.min_blocks:
-                T.annotate_min_blocks_per_sm(plan.min_blocks)
-            xr = T.alloc_fragment((1, S), dt)
-            sq = T.alloc_fragment((1, S), F32)
-            ss = T.alloc_fragment((1,), F32)
-            mine = T.alloc_shared((1,), F32)
-            slots = T.alloc_shared((C, 1), F32)
-            T.annotate_layout({xr: _row_layout(plan, 1, S), sq: _row_layout(plan, 1, S)})
-            for p, k in T.Parallel(C, 1):
-                slots[p, k] = 0.0
-            T.cluster_arrive()
-            row = bx // C
-            base = (bx % C) * S
-            for r, j in T.Parallel(1, S):
-                xr[r, j] = T.if_then_else(
-                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
-            for r, j in T.Parallel(1, S):
-                sq[r, j] = T.cast(xr[r, j], F32) * T.cast(xr[r, j], F32)
-            T.reduce_sum(sq, ss, dim=1)
-            mine[0] = ss[0]
-            # Every block's partial into slot rank of every peer (see the module's barriers).
-            T.cluster_wait()
-            for p in T.serial(C):
-                T.copy_cluster(mine[0:1], slots[bx % C, 0:1], dst_block=p)
-            T.cluster_sync()
-            ss[0] = 0.0
-            for p in T.serial(C):  # rank order: the same sum in every block
-                ss[0] += slots[p, 0]
-            ss[0] = T.rsqrt(ss[0] / N + eps)
-            for r, j in T.Parallel(1, S):
-                if base + j < N:
-                    Y[T.cast(row, "int64") * syv * vec + base + j] = T.cast(
-                        _affine(T.cast(xr[r, j], F32) * ss[0], W, None, base + j, has_w, False), dt)
-            if bx % C == 0:
-                RSTD[row] = ss[0]
-
-    return main
-
-
-def layer_norm_cluster(plan: Plan):
-    """As rms_norm_cluster, with two partials per block: the sum of its n_b columns and the sum
-    of squares about its own mean m_b. After the exchange, mean = sum / N and the row's M2 =
-    sum over blocks of M2_b + n_b (m_b - mean)^2, in rank order: no E[x^2] - E[x]^2
-    cancellation, one exchange."""
-    N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
-    C = cluster_size(plan)
-    NW, NB = _signature_sizes(plan)
-    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
-    has_w, has_b = plan.has_weight, plan.has_bias
-    last = N - (C - 1) * S  # columns of the last block; every other block has S
-
-    @T.prim_func
-    def main(
-        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), B: T.Tensor((NB,), dt), Y: T.Tensor((LY,), dt),
-        MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
-    ):
-        with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
-            if plan.min_blocks:
-                T.annotate_min_blocks_per_sm(plan.min_blocks)
-            xr = T.alloc_fragment((1, S), dt)
-            d = T.alloc_fragment((1, S), F32)
-            s1 = T.alloc_fragment((1,), F32)
-            s2 = T.alloc_fragment((1,), F32)
-            mine = T.alloc_shared((2,), F32)
-            slots = T.alloc_shared((C, 2), F32)
-            T.annotate_layout({xr: _row_layout(plan, 1, S), d: _row_layout(plan, 1, S)})
-            for p, k in T.Parallel(C, 2):
-                slots[p, k] = 0.0
-            T.cluster_arrive()
-            row = bx // C
-            base = (bx % C) * S
-            nb = T.if_then_else(bx % C == C - 1, last, S)
-            for r, j in T.Parallel(1, S):
-                xr[r, j] = T.if_then_else(
-                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
-            for r, j in T.Parallel(1, S):
-                d[r, j] = T.cast(xr[r, j], F32)
-            T.reduce_sum(d, s1, dim=1)
-            for r, j in T.Parallel(1, S):
-                d[r, j] = T.if_then_else(base + j < N, (T.cast(xr[r, j], F32) - s1[0] / nb) * (
-                    T.cast(xr[r, j], F32) - s1[0] / nb), 0.0)
-            T.reduce_sum(d, s2, dim=1)
-            mine[0] = s1[0]
-            mine[1] = s2[0]
-            T.cluster_wait()
-            for p in T.serial(C):
-                T.copy_cluster(mine[0:2], slots[bx % C, 0:2], dst_block=p)
-            T.cluster_sync()
-            s1[0] = 0.0
-            for p in T.serial(C):
-                s1[0] += slots[p, 0]
-            s1[0] = s1[0] / N  # the row's mean
-            s2[0] = 0.0
-            for p in T.serial(C):
-                s2[0] += slots[p, 1] + T.if_then_else(p == C - 1, last, S) * (
-                    slots[p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0]) * (
-                    slots[p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0])
-            s2[0] = T.rsqrt(s2[0] / N + eps)  # s2 now holds rstd
-            for r, j in T.Parallel(1, S):
-                if base + j < N:
-                    Y[T.cast(row, "int64") * syv * vec + base + j] = T.cast(
-                        _affine((T.cast(xr[r, j], F32) - s1[0]) * s2[0], W, B, base + j, has_w, has_b), dt)
-            if bx % C == 0:
-                MEAN[row] = s1[0]
-                RSTD[row] = s2[0]
-
-    return main
-
-
-BUILDERS = {"cluster": rms_norm_cluster, "layer_norm_cluster": layer_norm_cluster}
-
-
 def _smem_chunks(plan: Plan):
     """(K, chunks): one chunk is one vector per thread (K = threads x vec columns); a block's
     segment of S columns is S // K chunks (the plan makes S a multiple of K)."""
@@ -163,11 +44,8 @@ def _chunk_loop(chunks: int):
     return T.unroll(chunks) if chunks <= 16 else T.serial(chunks)
 
 
-def rms_norm_cluster_smem(plan: Plan):
-    """As rms_norm_cluster, with the block's segment held in shared memory instead of registers:
-    few registers per thread, so several blocks (of different clusters) share an SM and one
-    block's loads run while another waits at its cluster barrier. The segment is loaded once
-    (global -> shared), summed and scaled from shared memory."""
+def rms_norm_cluster(plan: Plan):
+    """RMSNorm: each block's sum of squares, summed over the cluster in rank order."""
     N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     C = cluster_size(plan)
     K, chunks = _smem_chunks(plan)
@@ -223,10 +101,11 @@ def rms_norm_cluster_smem(plan: Plan):
     return main
 
 
-def layer_norm_cluster_smem(plan: Plan, one_pass: bool = False):
-    """layer_norm_cluster's statistics (each block's sum and its sum of squares about its own
-    mean, merged exactly after the exchange) over a segment held in shared memory, as
-    rms_norm_cluster_smem."""
+def layer_norm_cluster(plan: Plan):
+    """LayerNorm, with two partials per block: the sum of its n_b columns and the sum of squares
+    about its own mean m_b (two passes over shared memory). After the exchange, mean = sum / N
+    and the row's M2 = sum over blocks of M2_b + n_b (m_b - mean)^2, in rank order: no
+    E[x^2] - E[x]^2 cancellation, one exchange."""
     N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     C = cluster_size(plan)
     K, chunks = _smem_chunks(plan)
@@ -245,12 +124,11 @@ def layer_norm_cluster_smem(plan: Plan, one_pass: bool = False):
                 T.annotate_min_blocks_per_sm(plan.min_blocks)
             xs = T.alloc_shared((1, S), dt)
             acc = T.alloc_fragment((1, K), F32)
-            acc2 = T.alloc_fragment((1, K), F32)
             s1 = T.alloc_fragment((1,), F32)
             s2 = T.alloc_fragment((1,), F32)
             mine = T.alloc_shared((2,), F32)
             slots = T.alloc_shared((C, 2), F32)
-            T.annotate_layout({acc: _row_layout(plan, 1, K), acc2: _row_layout(plan, 1, K)})
+            T.annotate_layout({acc: _row_layout(plan, 1, K)})
             for p, k in T.Parallel(C, 2):
                 slots[p, k] = 0.0
             T.cluster_arrive()
@@ -260,39 +138,21 @@ def layer_norm_cluster_smem(plan: Plan, one_pass: bool = False):
             for r, j in T.Parallel(1, S):
                 xs[r, j] = T.if_then_else(
                     base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
-            if one_pass:
-                # Sums shifted by the segment's first value (no E[x^2] - E[x]^2 cancellation of a
-                # large common part), both in one pass over shared memory.
+            for r, j in T.Parallel(1, K):
+                acc[r, j] = 0.0
+            for c in _chunk_loop(chunks):
                 for r, j in T.Parallel(1, K):
-                    acc[r, j] = 0.0
-                    acc2[r, j] = 0.0
-                for c in _chunk_loop(chunks):
-                    for r, j in T.Parallel(1, K):
-                        acc[r, j] += T.if_then_else(base + c * K + j < N,
-                                                    T.cast(xs[r, c * K + j], F32) - T.cast(xs[0, 0], F32), 0.0)
-                        acc2[r, j] += T.if_then_else(base + c * K + j < N, (
-                            T.cast(xs[r, c * K + j], F32) - T.cast(xs[0, 0], F32)) * (
-                            T.cast(xs[r, c * K + j], F32) - T.cast(xs[0, 0], F32)), 0.0)
-                T.reduce_sum(acc, s1, dim=1)
-                T.reduce_sum(acc2, s2, dim=1)
-                mine[0] = s1[0] + nb * T.cast(xs[0, 0], F32)
-                mine[1] = s2[0] - s1[0] * s1[0] / nb
-            else:
+                    acc[r, j] += T.cast(xs[r, c * K + j], F32)
+            T.reduce_sum(acc, s1, dim=1)
+            for r, j in T.Parallel(1, K):
+                acc[r, j] = 0.0
+            for c in _chunk_loop(chunks):
                 for r, j in T.Parallel(1, K):
-                    acc[r, j] = 0.0
-                for c in _chunk_loop(chunks):
-                    for r, j in T.Parallel(1, K):
-                        acc[r, j] += T.cast(xs[r, c * K + j], F32)
-                T.reduce_sum(acc, s1, dim=1)
-                for r, j in T.Parallel(1, K):
-                    acc[r, j] = 0.0
-                for c in _chunk_loop(chunks):
-                    for r, j in T.Parallel(1, K):
-                        acc[r, j] += T.if_then_else(base + c * K + j < N, (T.cast(xs[r, c * K + j], F32) - s1[0] / nb) * (
-                            T.cast(xs[r, c * K + j], F32) - s1[0] / nb), 0.0)
-                T.reduce_sum(acc, s2, dim=1)
-                mine[0] = s1[0]
-                mine[1] = s2[0]
+                    acc[r, j] += T.if_then_else(base + c * K + j < N, (T.cast(xs[r, c * K + j], F32) - s1[0] / nb) * (
+                        T.cast(xs[r, c * K + j], F32) - s1[0] / nb), 0.0)
+            T.reduce_sum(acc, s2, dim=1)
+            mine[0] = s1[0]
+            mine[1] = s2[0]
             T.cluster_wait()
             for p in T.serial(C):
                 T.copy_cluster(mine[0:2], slots[bx % C, 0:2], dst_block=p)
@@ -319,5 +179,4 @@ def layer_norm_cluster_smem(plan: Plan, one_pass: bool = False):
     return main
 
 
-BUILDERS.update(cluster_smem=rms_norm_cluster_smem, layer_norm_cluster_smem=layer_norm_cluster_smem,
-                layer_norm_cluster_smem1=lambda plan: layer_norm_cluster_smem(plan, one_pass=True))
+BUILDERS = {"cluster": rms_norm_cluster, "layer_norm_cluster": layer_norm_cluster}

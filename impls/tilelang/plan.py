@@ -126,12 +126,10 @@ def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, 
         rows = max(1, MIN_BLOCK_THREADS // tpr)
         padded = -(-n // (tpr * vec)) * (tpr * vec)
         return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, padded, min_blocks)
-    from impls.tilelang._long_plan import CLUSTER_VARIANTS, SMEM_VARIANTS, cluster_plan, smem_cluster_plan
+    from impls.tilelang._long_plan import CLUSTER_VARIANTS, cluster_plan
 
     if variant in CLUSTER_VARIANTS:
         return cluster_plan(variant, dt, n, has_weight, has_bias, vec)
-    if variant in SMEM_VARIANTS:
-        return smem_cluster_plan(variant, dt, n, has_weight, has_bias, vec)
     raise ValueError(f"unknown tilelang variant {variant!r}")
 
 

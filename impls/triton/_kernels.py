@@ -377,3 +377,148 @@ def layer_norm_split(
             tl.store(RSTD + row, rstd)
         it += 1
     _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)
+
+
+# The lagged split kernels (rows longer than SPLIT_LAG_MIN_N): the exchange off the critical
+# path. rms_norm_split waits for every sibling's partial of row i before it stores row i, so
+# each row costs a load plus a wait for the slowest of SPLITS programs (latency-bound: 51-82%
+# of copy at N 65536-262144, docs/perf-notes.md item 44). Here iteration i publishes row i's partial, then
+# waits for row i - 1's (published by the siblings one iteration ago: normally there already)
+# and stores row i - 1, whose x it still holds; the load of row i + 1 is in flight meanwhile.
+# One epilogue iteration stores each group's last row. A fast program may publish row k while
+# a slow sibling still reads row k - 3 (it waited for row k - 2 to be published, no more), so
+# the workspace has 4 row slots per group (_split.SPLIT_WORDS). Summation order as
+# rms_norm_split's: deterministic and batch invariant.
+
+
+@triton.jit
+def _lag_slot(WORDS, group, it, SPLITS: tl.constexpr):
+    return WORDS + (group * 4 + it % 4) * SPLITS * 2
+
+
+@triton.jit
+def _lag_publish(WORDS, group, part, it, a, b, SPLITS: tl.constexpr):
+    slot = _lag_slot(WORDS, group, it, SPLITS)
+    tag = (it + 1).to(tl.int64) << 32
+    tl.atomic_xchg(slot + part * 2, tag | a.to(tl.uint32, bitcast=True).to(tl.int64), sem="relaxed", scope="gpu")
+    tl.atomic_xchg(slot + part * 2 + 1, tag | b.to(tl.uint32, bitcast=True).to(tl.int64), sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _lag_wait(WORDS, group, it, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    slot = _lag_slot(WORDS, group, it, SPLITS)
+    tag = (it + 1).to(tl.int64) << 32
+    j = tl.arange(0, SPLITS_P2)
+    wa = tl.load(slot + j * 2, mask=j < SPLITS, other=tag, volatile=True)
+    wb = tl.load(slot + j * 2 + 1, mask=j < SPLITS, other=tag, volatile=True)
+    while tl.sum(((wa >> 32) != (it + 1)).to(tl.int32) + ((wb >> 32) != (it + 1)).to(tl.int32), axis=0) > 0:
+        wa = tl.load(slot + j * 2, mask=j < SPLITS, other=tag, volatile=True)
+        wb = tl.load(slot + j * 2 + 1, mask=j < SPLITS, other=tag, volatile=True)
+    pa = (wa & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    pb = (wb & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    return tl.where(j < SPLITS, pa, 0.0), tl.where(j < SPLITS, pb, 0.0)
+
+
+@triton.jit
+def _lag_finish(WORDS, DONE, group, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    done = tl.atomic_add(DONE + group, 1, sem="acq_rel", scope="gpu")
+    if done == SPLITS - 1:
+        j = tl.arange(0, 8 * SPLITS_P2)
+        tl.store(WORDS + group * 8 * SPLITS + j, tl.zeros([8 * SPLITS_P2], dtype=tl.int64), mask=j < 8 * SPLITS)
+        tl.atomic_xchg(DONE + group, 0, sem="release", scope="gpu")
+
+
+@triton.jit(do_not_specialize=["GROUPS"])
+def rms_norm_split_lag(
+    X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    group = tl.program_id(0) // SPLITS
+    part = tl.program_id(0) % SPLITS
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)  # group < M
+    # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
+    # values and reads x_cur in its place (bad rows: all but each group's first).
+    x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
+    it = 0
+    row = group
+    while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
+        x = x_cur.to(tl.float32)
+        ss = tl.sum(x * x, axis=0)
+        nxt = row + GROUPS
+        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        if row < M:
+            _lag_publish(WORDS, group, part, it, ss, ss, SPLITS)
+        if it > 0:
+            ss_j, _ = _lag_wait(WORDS, group, it - 1, SPLITS, SPLITS_P2)
+            rstd = tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)  # the same order in every program
+            y = x_prev.to(tl.float32) * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+            prev = row - GROUPS
+            _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
+            if part == 0:
+                tl.store(RSTD + prev, rstd)
+        x_prev = x_cur
+        x_cur = x_next
+        it += 1
+        row += GROUPS
+    _lag_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)
+
+
+@triton.jit(do_not_specialize=["GROUPS"])
+def layer_norm_split_lag(
+    X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    # triton.split's statistics (each part's exact mean and centred M2, merged by Chan's
+    # combination), lagged as rms_norm_split_lag.
+    group = tl.program_id(0) // SPLITS
+    part = tl.program_id(0) % SPLITS
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
+    j = tl.arange(0, SPLITS_P2)
+    n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+    x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)
+    # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
+    # values and reads x_cur in its place (bad rows: all but each group's first).
+    x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
+    m_prev = 0.0
+    it = 0
+    row = group
+    while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
+        x = x_cur.to(tl.float32)
+        m_part = tl.sum(x, axis=0) / n_part
+        d = tl.where(cmask, x - m_part, 0.0)
+        m2_part = tl.sum(d * d, axis=0)
+        nxt = row + GROUPS
+        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        if row < M:
+            _lag_publish(WORDS, group, part, it, m_part, m2_part, SPLITS)
+        if it > 0:
+            m_j, m2_j = _lag_wait(WORDS, group, it - 1, SPLITS, SPLITS_P2)
+            mean = tl.sum(n_j * m_j, axis=0) / N
+            dm = m_j - mean
+            var = (tl.sum(m2_j, axis=0) + tl.sum(n_j * dm * dm, axis=0)) / N
+            rstd = tl.rsqrt(var + eps)
+            d_prev = tl.where(cmask, x_prev.to(tl.float32) - m_prev, 0.0)
+            y = (d_prev + (m_prev - mean)) * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+            prev = row - GROUPS
+            _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
+            if part == 0:
+                tl.store(MEAN + prev, mean)
+                tl.store(RSTD + prev, rstd)
+        x_prev = x_cur
+        x_cur = x_next
+        m_prev = m_part
+        it += 1
+        row += GROUPS
+    _lag_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)

@@ -1,12 +1,16 @@
 """The split variant: each row over SPLITS programs that exchange partial statistics through a
-workspace in global memory, over a persistent grid sized from the compiled kernel's resources."""
+workspace in global memory, over a persistent grid sized from the compiled kernel's resources.
+Rows of at least SPLIT_LAG_MIN_N columns run the lagged kernels (_kernels.*_split_lag: row i's
+partial published before row i - 1 is stored, so the wait for the siblings is off the critical
+path)."""
 from __future__ import annotations
 
 import torch
 
 from impls.gpu_limits import SM_MAX_BLOCKS, SM_REGISTERS, SM_SHARED, SM_THREADS, blocks_per_sm, cdiv, next_pow2
 from impls.triton._launch import TritonKernel, split_unavailable
-from impls.triton.settings import SPLIT_DEPTH, SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig, split_config
+from impls.triton.settings import (SPLIT_DEPTH, SPLIT_LAG_MIN_N, SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig,
+                                   split_config)
 
 
 class SplitRowsKernel(TritonKernel):
@@ -38,25 +42,30 @@ class SplitRowsKernel(TritonKernel):
     depth = SPLIT_DEPTH  # rows of x loaded ahead (settings.SPLIT_DEPTH)
 
     def _meta(self, cfg: LaunchConfig) -> dict:
-        return {"DEPTH": self.depth}  # SPLITS comes from the call, which knows N
+        return {}  # SPLITS (and DEPTH, for the kernel that takes it) come from the call, which knows N
+
+    def kernel_name(self, n: int) -> str:
+        return self._kernel_name + ("_lag" if n >= SPLIT_LAG_MIN_N else "")
 
     def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
         """As TritonKernel.run, with the workspace between ``tensors`` and ``scalars`` and the
         group count after them, over a persistent grid of groups x SPLITS programs."""
         m, n = x.shape
         splits = cdiv(n, cfg.block_n)
+        name = self.kernel_name(n)
         meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
+        if name == self._kernel_name:
+            meta["DEPTH"] = self.depth
         words, done = _split_workspace(x.device)
-        key = (self._kernel_name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
+        key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)
         if resident is None:  # compile once (GROUPS is not specialised on, so any value serves)
-            compiled = self.launch(self._kernel_name, x, cfg, *tensors, words, done, *scalars, 1,
+            compiled = self.launch(name, x, cfg, *tensors, words, done, *scalars, 1,
                                    grid=(1,), compile_only=True, **meta)
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count
             resident = _RESIDENT_PROGRAMS[key] = sms * programs_per_sm(compiled, x.device)
         groups = max(1, min(m, resident // splits))
-        self.launch(self._kernel_name, x, cfg, *tensors, words, done, *scalars, groups,
-                    grid=(groups * splits,), **meta)
+        self.launch(name, x, cfg, *tensors, words, done, *scalars, groups, grid=(groups * splits,), **meta)
 
 
 # Programs of one compiled split kernel the whole GPU holds at once, by launch key.
@@ -67,13 +76,17 @@ _WORKSPACE: dict = {}
 _CAPTURED: list = []
 
 
+# Exchange words per program: 2 per row slot, 2 row slots (rms_norm_split) or 4 (the lagged kernels).
+SPLIT_WORDS = 8
+
+
 def _split_workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split kernels' exchange words (2 row slots x 2 per program) and per-group DONE
-    counters, one set per device and stream, so launches on different streams cannot meet. Made
-    zero; every launch leaves them zero."""
+    """The split kernels' exchange words (SPLIT_WORDS per program) and per-group DONE counters,
+    one set per device and stream, so launches on different streams cannot meet. Made zero; every
+    launch leaves the words it used zero."""
     def make():
         programs = torch.cuda.get_device_properties(device).multi_processor_count * SM_MAX_BLOCKS  # the most in flight
-        return (torch.zeros(4 * programs, dtype=torch.int64, device=device),
+        return (torch.zeros(SPLIT_WORDS * programs, dtype=torch.int64, device=device),
                 torch.zeros(programs, dtype=torch.int32, device=device))
 
     if torch.cuda.is_current_stream_capturing():

@@ -45,6 +45,9 @@ SPLIT_PER_THREAD = 32
 # flight while a program waits for its row's siblings, for twice x's registers. Not measured
 # yet: 1 is what the tables above were swept with.
 SPLIT_DEPTH = 1
+# Rows this long run the lagged split kernels (measured faster at N 65536-262144 in every dtype,
+# tools/long_row_probe.py at dbe314e; docs/perf-notes.md item 44).
+SPLIT_LAG_MIN_N = 32769
 # Few rows: the dispatch runs rowwise (with the decode rule) up to this N.
 DISPATCH_DECODE_MAX_N = 8192
 
