@@ -1,7 +1,7 @@
 """Long-row candidates in TileLang, not registered: what ``tools/long_row_probe.py`` times on the
-GPU beside the registered kernels (as ``impls/triton/_candidates.py`` for Triton). Compiled for
-sm_90 without spills by ``tests/test_long_row_candidates.py``; they cannot run without a GPU, so
-the probe's own float64 check, repeat and batch-invariance checks are their first run.
+GPU beside the registered kernels. Compiled for sm_90 without spills by
+``tests/test_long_row_candidates.py``; they cannot run without a GPU, so the probe's own float64
+check, repeat and batch-invariance checks are their first run.
 
 ``splitk_pipelined``: tilelang.splitk's two reads of x in segments, over a persistent grid of G
 blocks, each carrying two rows: in one walk over the segments it scales and writes row r (its
