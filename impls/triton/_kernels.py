@@ -263,13 +263,24 @@ def layer_norm_looped(
 # DONE counts programs past their last wait; the group's last one zeroes its words, so every
 # launch starts from tags of 0 (the workspace is zero when made).
 @triton.jit
-def _split_exchange(WORDS, group, part, it, a, b, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
-    """Publish this program's pair (a, b) for row ``it`` of its group, wait for every sibling's,
-    and return all SPLITS pairs (padded to SPLITS_P2 with zeros), in part order."""
-    slot = WORDS + (group * 2 + it % 2) * SPLITS * 2
+def _split_slot(WORDS, group, it, SLOTS: tl.constexpr, SPLITS: tl.constexpr):
+    """Row ``it``'s slot of its group's words: SLOTS row slots of SPLITS pairs per group."""
+    return WORDS + (group * SLOTS + it % SLOTS) * SPLITS * 2
+
+
+@triton.jit
+def _split_publish(slot, part, it, a, b):
+    """This program's pair (a, b) for row ``it``, each word tagged with it + 1."""
     tag = (it + 1).to(tl.int64) << 32
     tl.atomic_xchg(slot + part * 2, tag | a.to(tl.uint32, bitcast=True).to(tl.int64), sem="relaxed", scope="gpu")
     tl.atomic_xchg(slot + part * 2 + 1, tag | b.to(tl.uint32, bitcast=True).to(tl.int64), sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _split_wait(slot, it, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Wait until every sibling's pair for row ``it`` is in its slot; return all SPLITS pairs
+    (padded to SPLITS_P2 with zeros), in part order."""
+    tag = (it + 1).to(tl.int64) << 32
     j = tl.arange(0, SPLITS_P2)
     wa = tl.load(slot + j * 2, mask=j < SPLITS, other=tag, volatile=True)
     wb = tl.load(slot + j * 2 + 1, mask=j < SPLITS, other=tag, volatile=True)
@@ -282,12 +293,22 @@ def _split_exchange(WORDS, group, part, it, a, b, SPLITS: tl.constexpr, SPLITS_P
 
 
 @triton.jit
-def _split_finish(WORDS, DONE, group, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+def _split_exchange(WORDS, group, part, it, a, b, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Publish this program's pair (a, b) for row ``it`` of its group, wait for every sibling's,
+    and return all SPLITS pairs (padded to SPLITS_P2 with zeros), in part order."""
+    slot = _split_slot(WORDS, group, it, 2, SPLITS)
+    _split_publish(slot, part, it, a, b)
+    return _split_wait(slot, it, SPLITS, SPLITS_P2)
+
+
+@triton.jit
+def _split_finish(WORDS, DONE, group, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SLOTS: tl.constexpr = 2):
     """Called by every program after its last wait: the group's last one zeroes its words."""
     done = tl.atomic_add(DONE + group, 1, sem="acq_rel", scope="gpu")
     if done == SPLITS - 1:
-        j = tl.arange(0, 4 * SPLITS_P2)
-        tl.store(WORDS + group * 4 * SPLITS + j, tl.zeros([4 * SPLITS_P2], dtype=tl.int64), mask=j < 4 * SPLITS)
+        j = tl.arange(0, 2 * SLOTS * SPLITS_P2)
+        tl.store(WORDS + group * 2 * SLOTS * SPLITS + j, tl.zeros([2 * SLOTS * SPLITS_P2], dtype=tl.int64),
+                 mask=j < 2 * SLOTS * SPLITS)
         tl.atomic_xchg(DONE + group, 0, sem="release", scope="gpu")
 
 
@@ -387,45 +408,8 @@ def layer_norm_split(
 # and stores row i - 1, whose x it still holds; the load of row i + 1 is in flight meanwhile.
 # One epilogue iteration stores each group's last row. A fast program may publish row k while
 # a slow sibling still reads row k - 3 (it waited for row k - 2 to be published, no more), so
-# the workspace has 4 row slots per group (_split.SPLIT_WORDS). Summation order as
+# the workspace has 4 row slots per group (_split.SPLIT_WORDS), against rms_norm_split's 2. Summation order as
 # rms_norm_split's: deterministic and batch invariant.
-
-
-@triton.jit
-def _lag_slot(WORDS, group, it, SPLITS: tl.constexpr):
-    return WORDS + (group * 4 + it % 4) * SPLITS * 2
-
-
-@triton.jit
-def _lag_publish(WORDS, group, part, it, a, b, SPLITS: tl.constexpr):
-    slot = _lag_slot(WORDS, group, it, SPLITS)
-    tag = (it + 1).to(tl.int64) << 32
-    tl.atomic_xchg(slot + part * 2, tag | a.to(tl.uint32, bitcast=True).to(tl.int64), sem="relaxed", scope="gpu")
-    tl.atomic_xchg(slot + part * 2 + 1, tag | b.to(tl.uint32, bitcast=True).to(tl.int64), sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _lag_wait(WORDS, group, it, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
-    slot = _lag_slot(WORDS, group, it, SPLITS)
-    tag = (it + 1).to(tl.int64) << 32
-    j = tl.arange(0, SPLITS_P2)
-    wa = tl.load(slot + j * 2, mask=j < SPLITS, other=tag, volatile=True)
-    wb = tl.load(slot + j * 2 + 1, mask=j < SPLITS, other=tag, volatile=True)
-    while tl.sum(((wa >> 32) != (it + 1)).to(tl.int32) + ((wb >> 32) != (it + 1)).to(tl.int32), axis=0) > 0:
-        wa = tl.load(slot + j * 2, mask=j < SPLITS, other=tag, volatile=True)
-        wb = tl.load(slot + j * 2 + 1, mask=j < SPLITS, other=tag, volatile=True)
-    pa = (wa & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-    pb = (wb & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-    return tl.where(j < SPLITS, pa, 0.0), tl.where(j < SPLITS, pb, 0.0)
-
-
-@triton.jit
-def _lag_finish(WORDS, DONE, group, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
-    done = tl.atomic_add(DONE + group, 1, sem="acq_rel", scope="gpu")
-    if done == SPLITS - 1:
-        j = tl.arange(0, 8 * SPLITS_P2)
-        tl.store(WORDS + group * 8 * SPLITS + j, tl.zeros([8 * SPLITS_P2], dtype=tl.int64), mask=j < 8 * SPLITS)
-        tl.atomic_xchg(DONE + group, 0, sem="release", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
@@ -450,9 +434,9 @@ def rms_norm_split_lag(
         nxt = row + GROUPS
         x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
         if row < M:
-            _lag_publish(WORDS, group, part, it, ss, ss, SPLITS)
+            _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, ss, ss)
         if it > 0:
-            ss_j, _ = _lag_wait(WORDS, group, it - 1, SPLITS, SPLITS_P2)
+            ss_j, _ = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
             rstd = tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)  # the same order in every program
             y = x_prev.to(tl.float32) * rstd
             if HAS_WEIGHT:
@@ -465,7 +449,7 @@ def rms_norm_split_lag(
         x_cur = x_next
         it += 1
         row += GROUPS
-    _lag_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)
+    _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
@@ -498,9 +482,9 @@ def layer_norm_split_lag(
         nxt = row + GROUPS
         x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
         if row < M:
-            _lag_publish(WORDS, group, part, it, m_part, m2_part, SPLITS)
+            _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
         if it > 0:
-            m_j, m2_j = _lag_wait(WORDS, group, it - 1, SPLITS, SPLITS_P2)
+            m_j, m2_j = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
             mean = tl.sum(n_j * m_j, axis=0) / N
             dm = m_j - mean
             var = (tl.sum(m2_j, axis=0) + tl.sum(n_j * dm * dm, axis=0)) / N
@@ -521,4 +505,4 @@ def layer_norm_split_lag(
         m_prev = m_part
         it += 1
         row += GROUPS
-    _lag_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)
+    _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)
