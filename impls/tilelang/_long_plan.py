@@ -16,9 +16,8 @@ CLUSTER_VARIANTS = ("cluster", "layer_norm_cluster")  # RMSNorm, LayerNorm
 # Portable cluster size on sm_90 (16 needs a non-portable launch attribute; measured no faster).
 MAX_CLUSTER = 8
 # The smallest cluster whose segments hold at most this many bytes of x (several blocks an SM);
-# at MAX_CLUSTER a segment may be larger, up to SEGMENT_MAX.
+# at MAX_CLUSTER a segment may be larger (128 KB at float32 262144: one block an SM).
 SEGMENT_BYTES = 32768
-SEGMENT_MAX = 200 * 1024
 # 256 threads while a segment is at most VECTORS 16-byte vectors a thread, 512 beyond (measured,
 # tools/long_row_probe.py at 2bfae55: 512 threads 20 points slower at 8 vectors, 3-9 faster at 16).
 THREADS, VECTORS = 256, 8
@@ -26,12 +25,6 @@ THREADS, VECTORS = 256, 8
 MIN_REGISTERS = 64
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
-
-
-def cluster_max_n(variant: str, dtype: str, vec: int) -> int:
-    """The longest row the kernels take: MAX_CLUSTER segments of at most SEGMENT_MAX bytes, and
-    no longer than LONGEST_BUILT."""
-    return min(LONGEST_BUILT, MAX_CLUSTER * (SEGMENT_MAX // getattr(torch, dtype).itemsize))
 
 
 def cluster_size(plan: Plan) -> int:

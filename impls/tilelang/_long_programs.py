@@ -82,6 +82,7 @@ def rms_norm_cluster(plan: Plan):
                     acc[r, j] += T.cast(xs[r, c * K + j], F32) * T.cast(xs[r, c * K + j], F32)
             T.reduce_sum(acc, ss, dim=1)
             mine[0] = ss[0]
+            # Every block's partial into slot rank of every peer (see the module's barriers).
             T.cluster_wait()
             for p in T.serial(C):
                 T.copy_cluster(mine[0:1], slots[bx % C, 0:1], dst_block=p)
@@ -112,7 +113,7 @@ def layer_norm_cluster(plan: Plan):
     NW, NB = _signature_sizes(plan)
     M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w, has_b = plan.has_weight, plan.has_bias
-    last = N - (C - 1) * S
+    last = N - (C - 1) * S  # columns of the last block; every other block has S
 
     @T.prim_func
     def main(
@@ -160,13 +161,13 @@ def layer_norm_cluster(plan: Plan):
             s1[0] = 0.0
             for p in T.serial(C):
                 s1[0] += slots[p, 0]
-            s1[0] = s1[0] / N
+            s1[0] = s1[0] / N  # the row's mean
             s2[0] = 0.0
             for p in T.serial(C):
                 s2[0] += slots[p, 1] + T.if_then_else(p == C - 1, last, S) * (
                     slots[p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0]) * (
                     slots[p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0])
-            s2[0] = T.rsqrt(s2[0] / N + eps)
+            s2[0] = T.rsqrt(s2[0] / N + eps)  # s2 now holds rstd
             for c in _chunk_loop(chunks):
                 for r, j in T.Parallel(1, K):
                     if base + c * K + j < N:

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from impls.base import NormKernel, NormOutputs, cuda_present, dtype_name
+from impls.base import NormKernel, NormOutputs, cuda_present
 from impls.registry import register
 from impls.tilelang._kernel import TileLangKernel
-from impls.tilelang._long_plan import MAX_CLUSTER, cluster_max_n
-from impls.tilelang.plan import choose_vec
+from impls.tilelang._long_plan import LONGEST_BUILT
 
 
 class _ClusterKernel(TileLangKernel):
     native_replay = "a thread-block cluster launch (replayed by cuLaunchKernel it faulted on the H200: illegal instruction)"
     # Every block sums the cluster's partials in rank order, with one plan for every M.
     batch_invariant = True
-    longer_rows_note: str | None = None
+    # Segments in shared memory hold longer rows than this; it is the longest compiled for sm_90
+    # (offline builds) and measured (tools/long_row_probe.py) in every dtype.
+    max_n = LONGEST_BUILT
+    capacity = "compiled and measured"
     # Shorter rows fit one block of the row-per-block kernels, which need no cluster barrier: the
     # cluster kernels are for long rows only (and their checks stay out of the short-row catalogue).
     min_n = 16384
@@ -23,11 +25,6 @@ class _ClusterKernel(TileLangKernel):
     _backward = NormKernel._backward
 
     def unsupported(self, spec) -> str | None:
-        vec = choose_vec(spec.dtype, spec.n, (spec.row_stride, spec.n) if spec.rows > 1 else ())
-        most = cluster_max_n(self.variant, dtype_name(spec.dtype), vec)
-        if spec.n > most:
-            return (f"N={spec.n} exceeds {self.name}'s register capacity at {vec}-element accesses "
-                    f"(max {most}: {MAX_CLUSTER} blocks)" + (self.longer_rows_note or ""))
         reason = super().unsupported(spec)
         if reason is None and spec.device == "cuda" and cuda_present() and torch.cuda.get_device_capability()[0] < 9:
             reason = f"{self.name} launches thread-block clusters: sm_90 or newer"
@@ -37,19 +34,18 @@ class _ClusterKernel(TileLangKernel):
         full = "weight_bias" if self.op == "layer_norm" else "weight"
         longs = [("bfloat16", n, full, None) for n in (16384, 65536, 131072, 262144)]
         longs += [(dt, 65536, full, None) for dt in ("float32", "float16")]
-        longs += [("bfloat16", n, full, None) for n in (65537, 100000, 262143)
-                  if n <= cluster_max_n(self.variant, "bfloat16", choose_vec(torch.bfloat16, n))]
+        longs += [("bfloat16", n, full, None) for n in (65537, 100000, 262143)]
         return tuple(longs)
 
 
 @register
 class TileLangRMSNormCluster(_ClusterKernel):
     """One read of x: the row over a cluster of up to 8 blocks, each holding its segment in
-    registers; the blocks' sums of squares meet in distributed shared memory."""
+    shared memory; the blocks' sums of squares meet in distributed shared memory."""
 
     op = "rms_norm"
     variant = "cluster"
-    longer_rows_note = "; tilelang.splitk covers it"
+    longer_rows_by = "tilelang.splitk"
     shorter_rows_note = "; tilelang.fragment covers shorter rows"
     outputs = ("y", "rstd")
 
@@ -65,6 +61,7 @@ class TileLangLayerNormCluster(_ClusterKernel):
 
     op = "layer_norm"
     variant = "layer_norm_cluster"
+    longer_rows_by = "tilelang.layer_norm_fwd"
     shorter_rows_note = "; tilelang.layer_norm_fwd covers shorter rows"
     outputs = ("y", "mean", "rstd")
 

@@ -41,12 +41,12 @@ DECODE_PER_THREAD = 16
 SPLIT_MAX = 64
 SPLIT_MAX_BLOCK = 16384
 SPLIT_PER_THREAD = 32
-# Rows of x each split program loads ahead of the one it reduces (1 or 2): 2 doubles the loads in
-# flight while a program waits for its row's siblings, for twice x's registers. Not measured
-# yet: 1 is what the tables above were swept with.
+# Rows of x the waiting split kernel loads ahead of the one it reduces (1 or 2): 2 doubles the
+# loads in flight while a program waits for its row's siblings, for twice x's registers; it
+# measured 4-16 points slower everywhere (docs/perf-notes.md item 37).
 SPLIT_DEPTH = 1
 # Rows this long run the lagged split kernels (measured faster at N 65536-262144 in every dtype,
-# tools/long_row_probe.py at dbe314e; docs/perf-notes.md item 44).
+# tools/long_row_probe.py at dbe314e, docs/perf-notes.md item 44; 32769-65535 not timed).
 SPLIT_LAG_MIN_N = 32769
 # Few rows: the dispatch runs rowwise (with the decode rule) up to this N.
 DISPATCH_DECODE_MAX_N = 8192
