@@ -24,17 +24,20 @@ import torch
 
 SHAPES = ((65536, 1024), (32768, 2048), (16384, 4096), (16384, 8192))
 # Rows per program against wave quantisation (programs = M / block_m over blocks per SM x 132),
-# tile shape and a register cap (more blocks per SM).
+# tile shape, a register cap (more blocks per SM) and tiles loaded ahead (the fifth field: 2 keeps
+# three tiles of x and dy in flight per program instead of two).
 CANDIDATES = {
-    1024: [(32, 1, 2), (64, 1, 1), (32, 1, 1), (64, 2, 2), (16, 1, 1)],
-    2048: [(64, 1, 2), (32, 1, 4), (128, 1, 4), (64, 2, 4), (32, 2, 4), (64, 1, 8, 64)],
-    4096: [(64, 1, 4), (32, 1, 8), (128, 1, 8), (64, 2, 8), (64, 1, 16, 64)],
-    8192: [(128, 1, 8), (64, 1, 16), (128, 2, 16), (64, 1, 8)],
+    1024: [(32, 1, 1), (64, 1, 2), (32, 1, 2), (32, 1, 4), (64, 1, 4), (16, 1, 2), (16, 1, 4),
+           (32, 1, 2, None, 2), (32, 1, 4, None, 2), (64, 1, 2, None, 2), (64, 1, 4, None, 2)],
+    2048: [(64, 1, 4), (64, 1, 8, 64), (32, 1, 4), (32, 1, 8), (64, 1, 4, None, 2), (64, 1, 8, None, 2),
+           (32, 1, 8, None, 2)],
+    4096: [(64, 1, 8), (64, 1, 16, 64), (64, 1, 16), (32, 1, 16), (64, 1, 8, None, 2), (64, 1, 16, None, 2)],
+    8192: [(128, 1, 16), (64, 1, 16), (64, 1, 32), (128, 1, 16, None, 2), (64, 1, 16, None, 2)],
 }
 # The final dw/db reduction's columns per program, on the default row setting: at N = 1024 the
 # default (REDUCE_MIN_N = 16) runs 64 programs on 132 SMs over 2048 partial rows.
-REDUCE_CANDIDATES = {1024: [8, 32], 2048: [8, 32]}
-BUDGET_S = 120  # candidates are left out once this much time has gone
+REDUCE_CANDIDATES: dict = {}  # 8 and 32 columns measured no faster than 16 (perf-notes item 45)
+BUDGET_S = 200  # candidates are left out once this much time has gone
 
 
 class _Untimed(Exception):
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
             grads = NormGrads(torch.empty_like(x), torch.empty_like(w), None if b is None else torch.empty_like(b))
             fn = lambda: k._backward(x, w, b, dy, saved, eps, grads, cfg)  # noqa: E731
             row = dict(op=op, m=m, n=n, setting="default" if setting is None else list(setting),
-                       block_m=cfg.block_m, rows=cfg.rows, warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+                       block_m=cfg.block_m, rows=cfg.rows, warps=cfg.num_warps, maxnreg=cfg.maxnreg, depth=cfg.depth)
             try:
                 fn()
                 if not args.smoke:
@@ -134,9 +137,9 @@ def main(argv=None) -> int:
             rows_out.append(row)
             errs = " ".join(f"{a}={v:.2e}" for a, v in row.get("rel_l2", {}).items())
             flags = "".join(f" {f}={row[f]}" for f in ("deterministic", "dx_batch_invariant") if f in row)
-            lines.append(f"{op:<10} {m:>6}x{n:<5} {str(row['setting']):<18} bm={cfg.block_m:<4} "
+            lines.append(f"{op:<10} {m:>6}x{n:<5} {str(row['setting']):<24} bm={cfg.block_m:<4} "
                          f"programs={-(-m // cfg.block_m):<5} rows={cfg.rows} "
-                         f"warps={cfg.num_warps:<2} cap={cfg.maxnreg} "
+                         f"warps={cfg.num_warps:<2} cap={cfg.maxnreg} depth={cfg.depth} "
                          + (f"{row['us']:8.1f} us {row['pct_of_copy']:5.1f}% of copy" if "us" in row
                             else row.get("error", ""))
                          + f"  rel_l2 {errs}{flags}")
