@@ -87,7 +87,8 @@ def backward_config(n: int, dtype: torch.dtype, op: str = "rms_norm", one_tile_m
     setting = setting or (BWD_SETTINGS.get((op, dtype.itemsize, block_n)) if one_tile else None)
     if setting:
         block_m, rows, warps, *more = setting
-        cap, depth = (list(more) + [None, 1])[:2]
+        cap = more[0] if more else None
+        depth = more[1] if len(more) > 1 else 1
         if block_m % rows:
             raise ValueError(f"rows per tile ({rows}) must divide rows per program ({block_m})")
         if depth not in (1, 2):
