@@ -106,7 +106,7 @@ def render(rows: list[dict]) -> list[str]:
              "calls in steady state, host included, no CUDA graph, no L2 flush (what a model without "
              "a graph sees). The targets of this section use these columns. The host target compares "
              "each entry point with the reference peers' calls timed in the same interleaved rounds "
-             "on the same inputs (*paired host µs*, the median of each over the rounds), since the "
+             "on the same inputs (*paired host µs*, the lower quartile of each over the rounds: the host's quiet state), since the "
              "rows' own host µs were timed minutes apart; a shape without pairs compares the rows.", ""]
     for target, what in (("host", f"host µs of each project entry point <= {', '.join(HOST_REFERENCE_PEERS)}'s, "
                                   f"at every decode shape and at N {', '.join(map(str, HOST_BANDWIDTH_N))}"),
