@@ -295,7 +295,7 @@ def paired_host_us(calls: dict, tools: GpuTools, rounds: int = PAIRED_ROUNDS, sa
     Why not the median: the host has two states, about 5 µs a call apart, that come and go within
     a round (every call of a round can land in either), so over 15 rounds a median lands in
     whichever state held the majority of that call's rounds and moves by the whole 5 µs between
-    calls (the rounds at 8c03e28, LayerNorm float32 65536 x 1024: one entry point's 15 figures
+    calls (the rounds at eed8e20, LayerNorm float32 65536 x 1024: one entry point's 15 figures
     were 10.0-16.2 µs, eager torch's 11.5-18.2). The lower quartile is each call's cost in the
     quiet state, as long as a quarter of its rounds found it quiet.
     ``samples``, where given, receives each call's figures round by round."""
