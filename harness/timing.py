@@ -38,6 +38,8 @@ import time
 
 import torch
 
+from harness.report.host import lower_quartile  # torch-free: the report reads a run's rounds too
+
 L2_FLUSH_BYTES = 256 * 2**20  # several times the H200's 60 MB L2
 MIN_LEAD_US = 30.0  # shortest sleep before a timed call
 GRAPH_CALLS = 20  # calls per CUDA-graph replay for the decode regime
@@ -279,11 +281,6 @@ def user_call_cost(fn, tools: GpuTools, device_us: float) -> tuple[float, float]
 
 
 PAIRED_ROUNDS = 15  # rounds of a paired host measurement; each round times every call once
-
-
-def lower_quartile(values: list) -> float:
-    """The 25th percentile (statistics.quantiles, exclusive method); the value itself for one."""
-    return values[0] if len(values) < 2 else statistics.quantiles(values, n=4)[0]
 
 
 def paired_host_us(calls: dict, tools: GpuTools, rounds: int = PAIRED_ROUNDS, samples: dict | None = None) -> dict:

@@ -21,7 +21,15 @@ not as branches of the harness.
 """
 from __future__ import annotations
 
+import statistics
+
 from harness.report import _table
+
+
+def lower_quartile(values: list) -> float:
+    """The 25th percentile (statistics.quantiles, exclusive method); the value itself for one:
+    a paired host call's figure (harness.timing.paired_host_us says why not the median)."""
+    return values[0] if len(values) < 2 else statistics.quantiles(values, n=4)[0]
 
 HOST_REFERENCE_PEERS = ("liger", "torch")  # backends whose host cost the entry points must not exceed
 WALL_REFERENCE_PEER = "liger"  # decode wall time: within DECODE_WALL_SLACK of this backend's

@@ -31,11 +31,13 @@ from impls.gpu_limits import cdiv, next_pow2
 # moves with M. The 16-bit entries are the fastest of tools/bwd_probe.py's candidates on the H200
 # (bf16, 2026-12-02, docs/perf-notes.md item 35); absent shapes take the rule in backward_config.
 BWD_SETTINGS = {  # tools/bwd_probe.py on the H200 (reports/h200/README.md, 2026-12-02 runs)
-    ("rms_norm", 2, 1024): (32, 1, 2),  # 2 warps: 86.0% against 1 warp's 85.2% (226 registers), twice
+    ("rms_norm", 2, 1024): (32, 1, 2),  # 2 warps, not 1 (226 registers): benchmark 85.4-85.9% against 84.8-85.1%
     ("rms_norm", 2, 2048): (64, 1, 8, 64),
     ("rms_norm", 2, 4096): (64, 1, 16, 64),
     ("rms_norm", 2, 8192): (128, 1, 16),
-    ("layer_norm", 2, 1024): (32, 1, 2),  # 32 rows: 82.0-82.6% against 64 rows' 80.3-80.9% in two probes
+    # 32 rows led 64 in two probes (82.0-82.6% against 80.3-80.9%) but trailed in the benchmark
+    # (82.5% at cb6534b against 84.9-85.3% for 64 rows at fe84803 and 822d325): the benchmark's word
+    ("layer_norm", 2, 1024): (64, 1, 2),
     ("layer_norm", 2, 2048): (64, 1, 4),
     ("layer_norm", 2, 4096): (64, 1, 8),
     ("layer_norm", 2, 8192): (128, 1, 16),
