@@ -38,8 +38,6 @@ import time
 
 import torch
 
-from harness.report.host import lower_quartile  # torch-free: the report reads a run's rounds too
-
 L2_FLUSH_BYTES = 256 * 2**20  # several times the H200's 60 MB L2
 MIN_LEAD_US = 30.0  # shortest sleep before a timed call
 GRAPH_CALLS = 20  # calls per CUDA-graph replay for the decode regime
@@ -285,16 +283,10 @@ PAIRED_ROUNDS = 15  # rounds of a paired host measurement; each round times ever
 
 def paired_host_us(calls: dict, tools: GpuTools, rounds: int = PAIRED_ROUNDS, samples: dict | None = None) -> dict:
     """Host µs per call of each of ``calls`` (name -> zero-argument callable), measured in
-    interleaved rounds (the order rotated each round), the lower quartile of each over the rounds.
-    The host's own drift (clocks, other processes, the allocator's state) moves a figure by several
+    interleaved rounds (the order rotated each round), the median of each over the rounds. The
+    host's own drift (clocks, other processes, the allocator's state) moves a figure by several
     µs between measurements minutes apart; calls compared within one round see the same host, so
     a comparison of a few µs is a comparison of the calls, not of the moments they were timed.
-    Why not the median: the host has two states, about 5 µs a call apart, that come and go within
-    a round (every call of a round can land in either), so over 15 rounds a median lands in
-    whichever state held the majority of that call's rounds and moves by the whole 5 µs between
-    calls (the rounds at eed8e20, LayerNorm float32 65536 x 1024: one entry point's 15 figures
-    were 10.0-16.2 µs, eager torch's 11.5-18.2). The lower quartile is each call's cost in the
-    quiet state, as long as a quarter of its rounds found it quiet.
     ``samples``, where given, receives each call's figures round by round."""
     names = list(calls)
     got: dict = {name: [] for name in names}
@@ -303,7 +295,7 @@ def paired_host_us(calls: dict, tools: GpuTools, rounds: int = PAIRED_ROUNDS, sa
             got[name].append(host_call_us(calls[name], tools))
     if samples is not None:
         samples.update(got)
-    return {name: lower_quartile(v) for name, v in got.items()}
+    return {name: statistics.median(v) for name, v in got.items()}
 
 
 def gpu_time_ms(fn, tools: GpuTools, rounds: int = 50, warmup: int = 5) -> float:

@@ -392,10 +392,10 @@ def test_backward_targets_need_85_percent_and_the_lead_over_liger_and_torch_comp
     assert targets.backward(rows)[0]["gaps"] == ["best 80.0% < 85%"]
 
 
-def test_paired_host_rounds_rotate_the_order_and_take_each_calls_lower_quartile(monkeypatch):
+def test_paired_host_rounds_rotate_the_order_and_take_each_calls_median(monkeypatch):
     """harness.timing.paired_host_us: every round times every call once, each round starting
     with the next call (so none is always first after another's), and each figure is that call's
-    lower quartile over the rounds, with the round-by-round figures handed back."""
+    median over the rounds, with the round-by-round figures handed back."""
     from harness import timing
 
     order, values = [], {"a": iter([9.0, 1.0, 2.0, 3.0, 4.0]), "b": iter([5.0, 5.0, 50.0, 5.0, 6.0])}
@@ -409,31 +409,5 @@ def test_paired_host_rounds_rotate_the_order_and_take_each_calls_lower_quartile(
     samples = {}
     got = timing.paired_host_us({"a": lambda: "a", "b": lambda: "b"}, tools=None, rounds=5, samples=samples)
     assert order == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
-    # exclusive quartiles of 5 values: between the first and second smallest; the slow rounds
-    # (9.0, 50.0) do not move them
-    assert got == {"a": 1.5, "b": 5.0}
+    assert got == {"a": 3.0, "b": 5.0}  # medians: an outlier round (9.0, 50.0) does not move them
     assert samples == {"a": [9.0, 1.0, 2.0, 3.0, 4.0], "b": [5.0, 5.0, 50.0, 5.0, 6.0]}
-
-
-def test_paired_host_figure_is_the_quiet_state_of_a_two_state_host():
-    """Rounds from a host that flips between two states 5 µs apart: a call measured quiet in 7 of
-    15 rounds and one measured quiet in 9 would have medians 5 µs apart; their lower quartiles
-    both read the quiet state, so the comparison is of the calls."""
-    from harness import timing
-
-    mine = [10.0] * 7 + [15.0] * 8
-    theirs = [11.0] * 9 + [16.0] * 6
-    assert timing.statistics.median(mine) > timing.statistics.median(theirs)  # 15 > 11: the median's verdict
-    assert timing.lower_quartile(mine) == 10.0 and timing.lower_quartile(theirs) == 11.0
-    assert timing.lower_quartile([7.0]) == 7.0
-
-
-def test_report_reads_paired_figures_from_the_rounds():
-    """A run that kept its rounds is judged by the current statistic, whatever it stored."""
-    from harness.report.benchmark import _paired_figures
-
-    ei = {"host_paired_us": {"a": 15.0, "b": 11.0},
-          "host_paired_rounds_us": {"a": [10.0] * 7 + [15.0] * 8, "b": [11.0] * 9 + [16.0] * 6}}
-    assert _paired_figures(ei) == {"a": 10.0, "b": 11.0}
-    assert _paired_figures({"host_paired_us": {"a": 3.0}}) == {"a": 3.0}
-    assert _paired_figures({}) is None

@@ -46,7 +46,7 @@ def results(doc: dict) -> list[dict]:
             "timing": ei.get("timing", ""), "timer": ei.get("timer"), "device": ei.get("device"),
             "project": bool(ei.get("project")), "entry_point": bool(ei.get("entry_point")),
             "host_us": ei.get("host_call_us"), "wall_us": ei.get("wall_call_us"), "call": ei.get("user_call"),
-            "call_error": ei.get("user_call_error"), "paired": _paired_figures(ei),
+            "call_error": ei.get("user_call_error"), "paired": ei.get("host_paired_us"),
             "paired_left_out": ei.get("host_paired_left_out"),
         })
     base = {(r["group"], r["repeat"]): r["median_s"] for r in rows if r["kernel"] == baseline_name}
@@ -54,18 +54,6 @@ def results(doc: dict) -> list[dict]:
         ref = base.get((r["group"], r["repeat"]))
         r["speedup"] = ref / r["median_s"] if ref else None
     return rows
-
-
-def _paired_figures(ei: dict) -> dict | None:
-    """Each paired call's figure, from its round-by-round times where the run kept them (the
-    statistic of harness.timing.paired_host_us, so a run timed under an older statistic reads as
-    the current one), else as the run stored it."""
-    from harness.report.host import lower_quartile
-
-    rounds = ei.get("host_paired_rounds_us")
-    if rounds:
-        return {name: lower_quartile(list(vs)) for name, vs in rounds.items() if vs}
-    return ei.get("host_paired_us")
 
 
 def ceiling_of(doc: dict, rows: list[dict]) -> float | None:

@@ -21,15 +21,7 @@ not as branches of the harness.
 """
 from __future__ import annotations
 
-import statistics
-
 from harness.report import _table
-
-
-def lower_quartile(values: list) -> float:
-    """The 25th percentile (statistics.quantiles, exclusive method); the value itself for one:
-    a paired host call's figure (harness.timing.paired_host_us says why not the median)."""
-    return values[0] if len(values) < 2 else statistics.quantiles(values, n=4)[0]
 
 HOST_REFERENCE_PEERS = ("liger", "torch")  # backends whose host cost the entry points must not exceed
 WALL_REFERENCE_PEER = "liger"  # decode wall time: within DECODE_WALL_SLACK of this backend's
@@ -114,7 +106,7 @@ def render(rows: list[dict]) -> list[str]:
              "calls in steady state, host included, no CUDA graph, no L2 flush (what a model without "
              "a graph sees). The targets of this section use these columns. The host target compares "
              "each entry point with the reference peers' calls timed in the same interleaved rounds "
-             "on the same inputs (*paired host µs*, the lower quartile of each over the rounds: the host's quiet state), since the "
+             "on the same inputs (*paired host µs*, the median of each over the rounds), since the "
              "rows' own host µs were timed minutes apart; a shape without pairs compares the rows.", ""]
     for target, what in (("host", f"host µs of each project entry point <= {', '.join(HOST_REFERENCE_PEERS)}'s, "
                                   f"at every decode shape and at N {', '.join(map(str, HOST_BANDWIDTH_N))}"),
