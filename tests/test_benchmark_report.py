@@ -377,6 +377,32 @@ def test_host_target_uses_the_paired_figures_where_a_row_has_them():
     assert "10.0 vs torch.eager 11.0" in md and "paired host µs" in md
 
 
+def test_host_target_compares_the_paired_calls_round_by_round():
+    """With the rounds kept, the target is the median of (entry point - peer) in the same round,
+    not the two calls' medians (given here as 99 against 1, to show they do not decide): an entry
+    point 1 µs cheaper than eager in every round passes in a host whose state moves both by 5 µs
+    from round to round, and one 0.5 µs dearer in every round fails."""
+    from harness.report import host
+
+    noisy = [False] * 4 + [True] * 11  # the host's state, round by round
+    me = [10.0 + 5 * q for q in noisy]
+    eager = [11.0 + 5 * q for q in noisy]
+    entry = _host_row("triton.auto", "decode", "rms_norm", 8, 4096, 1.5, host=14.0, wall=14.0, project=True,
+                      entry=True)
+    peers = [_host_row("liger.fused", "decode", "rms_norm", 8, 4096, 1.6, host=80.0, wall=80.0),
+             _host_row("torch.eager", "decode", "rms_norm", 8, 4096, 3.0, host=13.0, wall=14.0)]
+    where = ("host", "rms_norm bfloat16 8 x 4096")
+
+    def gaps(mine, theirs):
+        r = dict(entry, paired={"triton.auto": 99.0, "torch.eager": 1.0},  # the medians are not what decides
+                 paired_rounds={"triton.auto": mine, "torch.eager": theirs, "liger.fused": [80.0] * 15})
+        return {(c["target"], c["where"]): c for c in host.check([r, *peers])}[where]["gaps"]
+
+    assert gaps(me, eager) == []
+    assert gaps([e + 0.5 for e in eager], eager) == [
+        "triton.auto +0.5 µs a call against torch.eager (median of 15 paired rounds)"]
+
+
 def test_backward_targets_need_85_percent_and_the_lead_over_liger_and_torch_compile():
     from harness.report import targets
 

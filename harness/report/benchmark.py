@@ -47,7 +47,7 @@ def results(doc: dict) -> list[dict]:
             "project": bool(ei.get("project")), "entry_point": bool(ei.get("entry_point")),
             "host_us": ei.get("host_call_us"), "wall_us": ei.get("wall_call_us"), "call": ei.get("user_call"),
             "call_error": ei.get("user_call_error"), "paired": ei.get("host_paired_us"),
-            "paired_left_out": ei.get("host_paired_left_out"),
+            "paired_rounds": ei.get("host_paired_rounds_us"), "paired_left_out": ei.get("host_paired_left_out"),
         })
     base = {(r["group"], r["repeat"]): r["median_s"] for r in rows if r["kernel"] == baseline_name}
     for r in rows:
