@@ -24,15 +24,13 @@ import torch
 
 SHAPES = ((65536, 1024), (32768, 2048), (16384, 4096), (16384, 8192))
 # Rows per program against wave quantisation (programs = M / block_m over blocks per SM x 132),
-# tile shape, a register cap (more blocks per SM) and tiles loaded ahead (the fifth field: 2 keeps
-# three tiles of x and dy in flight per program instead of two).
+# tile shape, a register cap (more blocks per SM) and tiles loaded ahead (a fifth field of 2 keeps
+# three tiles in flight: 2-26 points slower at every N at eed8e20, perf-notes item 47, so none here).
 CANDIDATES = {
-    1024: [(32, 1, 1), (64, 1, 2), (32, 1, 2), (32, 1, 4), (64, 1, 4), (16, 1, 2), (16, 1, 4),
-           (32, 1, 2, None, 2), (32, 1, 4, None, 2), (64, 1, 2, None, 2), (64, 1, 4, None, 2)],
-    2048: [(64, 1, 4), (64, 1, 8, 64), (32, 1, 4), (32, 1, 8), (64, 1, 4, None, 2), (64, 1, 8, None, 2),
-           (32, 1, 8, None, 2)],
-    4096: [(64, 1, 8), (64, 1, 16, 64), (64, 1, 16), (32, 1, 16), (64, 1, 8, None, 2), (64, 1, 16, None, 2)],
-    8192: [(128, 1, 16), (64, 1, 16), (64, 1, 32), (128, 1, 16, None, 2), (64, 1, 16, None, 2)],
+    1024: [(32, 1, 1), (64, 1, 2), (32, 1, 2), (64, 1, 1), (16, 1, 2)],
+    2048: [(64, 1, 4), (64, 1, 8, 64), (32, 1, 4)],
+    4096: [(64, 1, 8), (64, 1, 16, 64), (32, 1, 8)],
+    8192: [(128, 1, 16), (64, 1, 16), (128, 1, 8)],
 }
 # The final dw/db reduction's columns per program, on the default row setting: at N = 1024 the
 # default (REDUCE_MIN_N = 16) runs 64 programs on 132 SMs over 2048 partial rows.
