@@ -24,8 +24,7 @@ import torch
 
 SHAPES = ((65536, 1024), (32768, 2048), (16384, 4096), (16384, 8192))
 # Rows per program against wave quantisation (programs = M / block_m over blocks per SM x 132),
-# tile shape, a register cap (more blocks per SM) and tiles loaded ahead (a fifth field of 2 keeps
-# three tiles in flight: 2-26 points slower at every N at eed8e20, perf-notes item 47, so none here).
+# tile shape and a register cap (more blocks per SM).
 CANDIDATES = {
     1024: [(32, 1, 1), (64, 1, 2), (32, 1, 2), (64, 1, 1), (16, 1, 2)],
     2048: [(64, 1, 4), (64, 1, 8, 64), (32, 1, 4)],
@@ -108,7 +107,7 @@ def main(argv=None) -> int:
             grads = NormGrads(torch.empty_like(x), torch.empty_like(w), None if b is None else torch.empty_like(b))
             fn = lambda: k._backward(x, w, b, dy, saved, eps, grads, cfg)  # noqa: E731
             row = dict(op=op, m=m, n=n, setting="default" if setting is None else list(setting),
-                       block_m=cfg.block_m, rows=cfg.rows, warps=cfg.num_warps, maxnreg=cfg.maxnreg, depth=cfg.depth)
+                       block_m=cfg.block_m, rows=cfg.rows, warps=cfg.num_warps, maxnreg=cfg.maxnreg)
             try:
                 fn()
                 if not args.smoke:
@@ -137,7 +136,7 @@ def main(argv=None) -> int:
             flags = "".join(f" {f}={row[f]}" for f in ("deterministic", "dx_batch_invariant") if f in row)
             lines.append(f"{op:<10} {m:>6}x{n:<5} {str(row['setting']):<24} bm={cfg.block_m:<4} "
                          f"programs={-(-m // cfg.block_m):<5} rows={cfg.rows} "
-                         f"warps={cfg.num_warps:<2} cap={cfg.maxnreg} depth={cfg.depth} "
+                         f"warps={cfg.num_warps:<2} cap={cfg.maxnreg} "
                          + (f"{row['us']:8.1f} us {row['pct_of_copy']:5.1f}% of copy" if "us" in row
                             else row.get("error", ""))
                          + f"  rel_l2 {errs}{flags}")

@@ -73,7 +73,7 @@ def bwd_rows(
     X, DY, W, MEAN, RSTD, C1, C2, DX, DWP, DBP, M, N, stride_x, stride_dy, stride_dx,
     HAS_WEIGHT: tl.constexpr, IS_LN: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
     ONE_TILE: tl.constexpr, BLOCK_M: tl.constexpr, SPAN: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr, DEPTH: tl.constexpr = 1,
+    BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     """dx of rows [pid_m * BLOCK_M, +BLOCK_M) and columns [pid_n * BLOCK_N, +BLOCK_N), and those
     rows' float32 dw/db partial sums at row pid_m of DWP/DBP (N columns each). SPAN is BLOCK_M,
@@ -83,8 +83,7 @@ def bwd_rows(
     One pass over x and dy: each [ROWS, BLOCK_N] tile gives its rows' dx and is added into
     [ROWS, BLOCK_N] float32 accumulators, summed over their rows once at the end (no cross-thread
     reduction per tile). The next tile's x and dy are loaded, in their own dtype, before this
-    tile's arithmetic (with the rows' saved statistics): two tiles of loads in flight per program
-    (DEPTH = 2: the next two tiles', three in flight, for another tile of registers)."""
+    tile's arithmetic (with the rows' saved statistics): two tiles of loads in flight per program."""
     pid_m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -98,21 +97,13 @@ def bwd_rows(
     acc_db = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     nxt = _load_tile(X, DY, MEAN, RSTD, C1, C2, first + tl.arange(0, ROWS), end, cols, cmask, stride_x, stride_dy,
                      IS_LN, ONE_TILE)
-    if DEPTH == 2:
-        nxt2 = _load_tile(X, DY, MEAN, RSTD, C1, C2, first + ROWS + tl.arange(0, ROWS), end, cols, cmask, stride_x,
-                          stride_dy, IS_LN, ONE_TILE)
     for r0 in tl.range(0, SPAN, ROWS):
         rows = first + r0 + tl.arange(0, ROWS)
         rmask = rows < end
         mask = rmask[:, None] & cmask[None, :]
         x_raw, dy_raw, mean, rstd, c1, c2 = nxt
-        if DEPTH == 2:  # the tile after next, in flight during this one's arithmetic and the next's
-            nxt = nxt2
-            nxt2 = _load_tile(X, DY, MEAN, RSTD, C1, C2, rows + 2 * ROWS, end, cols, cmask, stride_x, stride_dy,
-                              IS_LN, ONE_TILE)
-        else:
-            nxt = _load_tile(X, DY, MEAN, RSTD, C1, C2, rows + ROWS, end, cols, cmask, stride_x, stride_dy,
-                             IS_LN, ONE_TILE)  # the next tile, in flight during this one's arithmetic
+        nxt = _load_tile(X, DY, MEAN, RSTD, C1, C2, rows + ROWS, end, cols, cmask, stride_x, stride_dy,
+                         IS_LN, ONE_TILE)  # the next tile, in flight during this one's arithmetic
         x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
         if IS_LN:
             xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)

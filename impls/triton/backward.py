@@ -26,7 +26,7 @@ from impls.base import NormGrads, NormOutputs
 from impls.gpu_limits import cdiv, next_pow2
 
 # Launch settings: (op, bytes per element, tile width) -> (rows per program, rows per tile, warps[,
-# a cap on registers per thread for ptxas (None: none)[, tiles loaded ahead, 1 or 2]]). Rows per program is the rows of one dw/db partial:
+# a cap on registers per thread for ptxas]). Rows per program is the rows of one dw/db partial:
 # from op, N and dtype only, so the grouping of rows into partials (and the reduction tree) never
 # moves with M. The 16-bit entries are the fastest of tools/bwd_probe.py's candidates on the H200
 # (bf16, 2026-12-02, docs/perf-notes.md item 35); absent shapes take the rule in backward_config.
@@ -69,7 +69,6 @@ class BackwardConfig:
     reduce_n: int = 64  # the reduction's columns per program
     reduce_parts: int = 64  # the reduction's partial rows per step
     maxnreg: int | None = None  # a cap on the row kernel's registers per thread (compiled only)
-    depth: int = 1  # tiles of x and dy the row kernel loads ahead of the one it works on
 
 
 def _warps(elems: int) -> int:
@@ -79,7 +78,7 @@ def _warps(elems: int) -> int:
 def backward_config(n: int, dtype: torch.dtype, op: str = "rms_norm", one_tile_max: int = BWD_ONE_TILE_MAX,
                     col_block: int = BWD_COL_BLOCK, setting: tuple | None = None) -> BackwardConfig:
     """The backward's launch setting for rows of N in dtype: ``setting`` (rows per program, rows
-    per tile, warps[, maxnreg[, depth]]) if given, else BWD_SETTINGS, else the rule."""
+    per tile, warps[, maxnreg]) if given, else BWD_SETTINGS, else the rule."""
     block_n = next_pow2(n)
     one_tile = block_n <= one_tile_max
     if not one_tile:
@@ -88,14 +87,10 @@ def backward_config(n: int, dtype: torch.dtype, op: str = "rms_norm", one_tile_m
     reduce = dict(reduce_n=reduce_n, reduce_parts=max(1, REDUCE_TILE // reduce_n))
     setting = setting or (BWD_SETTINGS.get((op, dtype.itemsize, block_n)) if one_tile else None)
     if setting:
-        block_m, rows, warps, *more = setting
-        cap = more[0] if more else None
-        depth = more[1] if len(more) > 1 else 1
+        block_m, rows, warps, *cap = setting
         if block_m % rows:
             raise ValueError(f"rows per tile ({rows}) must divide rows per program ({block_m})")
-        if depth not in (1, 2):
-            raise ValueError(f"tiles loaded ahead must be 1 or 2, not {depth}")
-        return BackwardConfig(block_n, rows, warps, one_tile, block_m, **reduce, maxnreg=cap, depth=depth)
+        return BackwardConfig(block_n, rows, warps, one_tile, block_m, **reduce, maxnreg=cap[0] if cap else None)
     rows = max(1, BWD_TILE_ELEMS // block_n)
     block_m = max(BWD_BLOCK_M if one_tile else BWD_LONG_BLOCK_M, rows)
     return BackwardConfig(block_n, rows, _warps(rows * block_n), one_tile, block_m, **reduce)
@@ -147,8 +142,7 @@ class TritonBackward:
                           out.dx.stride(0)),
                          dict(**flags, HAS_DW=has_dw, HAS_DB=has_db, ONE_TILE=cfg.one_tile, BLOCK_M=cfg.block_m,
                               SPAN=cfg.block_m if m >= cfg.block_m else max(cfg.rows, next_pow2(m)),
-                              ROWS=cfg.rows, BLOCK_N=cfg.block_n, ROUND_BF16=round_bf16, DEPTH=cfg.depth,
-                              **row_opts))
+                              ROWS=cfg.rows, BLOCK_N=cfg.block_n, ROUND_BF16=round_bf16, **row_opts))
         if has_dw or has_db:
             self._bwd_launch("bwd_reduce", x, (cdiv(n, cfg.reduce_n),),
                              (dwp, dbp, out.dw if has_dw else dwp, out.db if has_db else dbp, groups, n),
