@@ -53,7 +53,8 @@ def _shapes(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 def _host_gap(r: dict, peer: dict) -> str:
     """How entry point ``r`` misses ``peer``'s host cost, or "" where it does not: the paired
-    figures where ``r`` has them for this peer, else the two rows' own."""
+    rounds where ``r`` has them for this peer (round by round), else the paired medians, else the
+    two rows' own."""
     rounds = r.get("paired_rounds") or {}
     mine, theirs = rounds.get(r["kernel"]), rounds.get(peer["kernel"])
     if mine and theirs and len(mine) == len(theirs):

@@ -26,6 +26,7 @@ import torch
 from impls import fastpath
 from impls.tilelang import compiler
 from impls.tilelang._kernel import _dummy
+from impls.tilelang._long_plan import blocks_in_shared_memory, cluster_plan, cluster_size
 from impls.tilelang.plan import Plan, make_plan
 from impls.tilelang.rms_norm import TileLangRMSNormSplitK
 
@@ -95,7 +96,6 @@ def rms_norm_splitk_pipelined(plan: Plan):
 def rms_norm_cluster_persistent(plan: Plan):
     import tilelang.language as T
 
-    from impls.tilelang._long_plan import cluster_size
     from impls.tilelang._long_programs import _chunk_loop, _smem_chunks
     from impls.tilelang._programs import F32, _affine, _row_layout, _signature_sizes
 
@@ -105,6 +105,15 @@ def rms_norm_cluster_persistent(plan: Plan):
     NW, _ = _signature_sizes(plan)
     M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w = plan.has_weight
+
+    @T.macro
+    def load_async(X, xs, buf, row, base, tx, sxv):
+        """Row ``row``'s segment into xs[buf] by cp.async, 16 bytes a thread a chunk, one commit
+        group (T.async_copy finds no store to rewrite in this form)."""
+        for c in T.serial(chunks):
+            T.ptx_cp_async(T.access_ptr(xs[buf, c * K + tx * vec], "w", vec),
+                           T.access_ptr(X[T.cast(row, "int64") * sxv * vec + base + c * K + tx * vec], "r", vec), vec)
+        T.ptx_commit_group()
 
     @T.prim_func
     def main(
@@ -123,20 +132,13 @@ def rms_norm_cluster_persistent(plan: Plan):
             g = bx // C
             base = (bx % C) * S
             tx = T.get_thread_binding()
-            for c in T.serial(chunks):  # cp.async, 16 bytes a thread a chunk (T.async_copy finds no
-                T.ptx_cp_async(T.access_ptr(xs[0, c * K + tx * vec], "w", vec),  # store to rewrite here)
-                               T.access_ptr(X[T.cast(g, "int64") * sxv * vec + base + c * K + tx * vec], "r", vec), vec)
-            T.ptx_commit_group()
+            load_async(X, xs, 0, g, base, tx, sxv)
             T.cluster_sync()  # every peer has started before the first remote store into it
             for i in T.serial((M - g + G - 1) // G):  # the host makes G <= M
                 row = g + i * G
                 b = i % 2
                 if row + G < M:  # row + G into the other buffer, in flight through this row
-                    for c in T.serial(chunks):
-                        T.ptx_cp_async(T.access_ptr(xs[1 - b, c * K + tx * vec], "w", vec),
-                                       T.access_ptr(X[T.cast(row + G, "int64") * sxv * vec + base + c * K + tx * vec],
-                                                    "r", vec), vec)
-                    T.ptx_commit_group()
+                    load_async(X, xs, 1 - b, row + G, base, tx, sxv)
                     T.ptx_wait_group(1)
                 else:
                     T.ptx_wait_group(0)
@@ -174,73 +176,67 @@ def _register_builder() -> None:
     _programs.BUILDERS.setdefault(PERSISTENT, rms_norm_cluster_persistent)
 
 
-class TileLangRMSNormSplitKPipelined(TileLangRMSNormSplitK):
-    """tilelang.splitk's plan and segments, the pipelined program over ``blocks_per_sm`` x SMs
-    blocks (at most M). Not registered: tools/long_row_probe.py makes one."""
+class _PersistentCandidate(TileLangRMSNormSplitK):
+    """A probe candidate over a persistent grid (a run-time G, the program's last argument), called
+    through its Python path only. Not registered: tools/long_row_probe.py makes one."""
 
-    variant = VARIANT
     native_replay = "a probe candidate: called through its Python path only"
     blocks_per_sm = 1
+
+    def grid(self, plan: Plan, m: int, sms: int) -> int:
+        raise NotImplementedError
+
+    def fast_plan(self, x, x2, weight, bias, spec):
+        return fastpath.generic_plan(x, x2, self.outputs, self._forward)
+
+    def _run(self, plan: Plan, x: torch.Tensor, weight, bias, eps: float, out, with_bias: bool) -> None:
+        compiled = compiler.compile_plan(plan)
+        m = x.shape[0]
+        sxv = x.stride(0) // plan.vec if m > 1 else 0
+        syv = out.y.stride(0) // plan.vec if m > 1 else 0
+        grid = self.grid(plan, m, torch.cuda.get_device_properties(x.device).multi_processor_count)
+        w = weight if weight is not None else _dummy(x.device, x.dtype)
+        with torch.cuda.device(x.device):
+            compiled.kernel(self._flat(x), w, self._flat(out.y), out.rstd, sxv, syv, float(eps), grid)
+
+
+class TileLangRMSNormSplitKPipelined(_PersistentCandidate):
+    """tilelang.splitk's plan and segments, the pipelined program over ``blocks_per_sm`` x SMs
+    blocks (at most M)."""
+
+    variant = VARIANT
 
     def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int,
                  m: int | None = None) -> Plan:
         _register_builder()
         return dataclasses.replace(make_plan("splitk", dtype, n, has_weight, has_bias, vec, m=m), variant=VARIANT)
 
-    def fast_plan(self, x, x2, weight, bias, spec):
-        return fastpath.generic_plan(x, x2, self.outputs, self._forward)
-
-    def _run(self, plan: Plan, x: torch.Tensor, weight, bias, eps: float, out, with_bias: bool) -> None:
-        compiled = compiler.compile_plan(plan)
-        m = x.shape[0]
-        sxv = x.stride(0) // plan.vec if m > 1 else 0
-        syv = out.y.stride(0) // plan.vec if m > 1 else 0
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        grid = max(1, min(m, sms * self.blocks_per_sm))
-        w = weight if weight is not None else _dummy(x.device, x.dtype)
-        with torch.cuda.device(x.device):
-            compiled.kernel(self._flat(x), w, self._flat(out.y), out.rstd, sxv, syv, float(eps), grid)
+    def grid(self, plan: Plan, m: int, sms: int) -> int:
+        return max(1, min(m, sms * self.blocks_per_sm))
 
 
-class TileLangRMSNormClusterPersistent(TileLangRMSNormSplitK):
-    """tilelang.cluster's plan with two segment buffers a block, over G clusters of C blocks, G
-    = SMs x ``blocks_per_sm`` / C (at most M). Not registered: tools/long_row_probe.py makes one."""
+class TileLangRMSNormClusterPersistent(_PersistentCandidate):
+    """tilelang.cluster's plan with two segment buffers a block, over G clusters of C blocks: as
+    many as are resident at once (``blocks_per_sm`` an SM where shared memory holds them), at
+    most M."""
 
     variant = PERSISTENT
-    native_replay = "a probe candidate: called through its Python path only"
     blocks_per_sm = 2
     max_n = 262144
     min_n = 16384
 
     def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int,
                  m: int | None = None) -> Plan:
-        from impls.tilelang._long_plan import cluster_plan, cluster_size
-
         _register_builder()
         plan = cluster_plan("cluster", dtype, n, has_weight, has_bias, vec)
         if cluster_size(plan) * plan.padded != n:
             raise ValueError(f"{PERSISTENT} takes rows of whole segments only: N={n} is not "
                              f"{cluster_size(plan)} x {plan.padded}")
-        from impls.gpu_limits import SM_SHARED
-
-        fit = SM_SHARED // (2 * plan.padded * getattr(torch, plan.dtype).itemsize + 1024)  # two buffers a block
+        fit = blocks_in_shared_memory(2 * plan.padded * getattr(torch, plan.dtype).itemsize)  # two buffers
         return dataclasses.replace(plan, variant=PERSISTENT, min_blocks=max(1, min(self.blocks_per_sm, fit)))
 
-    def fast_plan(self, x, x2, weight, bias, spec):
-        return fastpath.generic_plan(x, x2, self.outputs, self._forward)
-
-    def _run(self, plan: Plan, x: torch.Tensor, weight, bias, eps: float, out, with_bias: bool) -> None:
-        from impls.tilelang._long_plan import cluster_size
-
-        compiled = compiler.compile_plan(plan)
-        m = x.shape[0]
-        sxv = x.stride(0) // plan.vec if m > 1 else 0
-        syv = out.y.stride(0) // plan.vec if m > 1 else 0
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        grid = max(1, min(m, sms * plan.min_blocks // cluster_size(plan)))  # every cluster resident at once
-        w = weight if weight is not None else _dummy(x.device, x.dtype)
-        with torch.cuda.device(x.device):
-            compiled.kernel(self._flat(x), w, self._flat(out.y), out.rstd, sxv, syv, float(eps), grid)
+    def grid(self, plan: Plan, m: int, sms: int) -> int:
+        return max(1, min(m, sms * plan.min_blocks // cluster_size(plan)))  # every cluster resident at once
 
 
 def cluster_persistent(blocks_per_sm: int = 2) -> TileLangRMSNormClusterPersistent:
