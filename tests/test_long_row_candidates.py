@@ -42,25 +42,6 @@ def test_tilelang_pipelined_compiles_for_sm90_without_spills():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
 
 
-def test_tilelang_persistent_cluster_compiles_for_sm90_with_async_loads():
-    """cluster_persistent built for sm_90: no spills, its segment loads are cp.async (the point of
-    it: loads in flight without registers), and a padded N is refused by name."""
-    from impls.tilelang import compiler
-
-    tl, why = compiler.tilelang_module()
-    if tl is None:
-        pytest.skip(why)
-    if compiler.nvcc_path() is None:
-        pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
-    from impls.tilelang._candidates import cluster_persistent, compile_persistent_offline
-
-    r, source = compile_persistent_offline("bfloat16", 131072)
-    assert r["sass_arch"] == "sm_90" and r["spill_stores"] == 0 and r["spill_loads"] == 0, r
-    assert "cp_async_gs" in source and "cp_async_wait<1>" in source and "cluster_sync" in source
-    with pytest.raises(ValueError, match="whole segments"):
-        cluster_persistent().plan_for(torch.bfloat16, 100000, True, False, 8)
-
-
 def test_lagged_split_carries_the_previous_row():
     """The lagged split kernels store row i - 1 from x they loaded one step earlier. Triton 3.6
     dropped such a value from the loop's carried values when it started as the same tensor as

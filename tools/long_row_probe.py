@@ -60,12 +60,6 @@ def _tilelang_pipelined(blocks_per_sm=1):
     return splitk_pipelined(blocks_per_sm)
 
 
-def _tilelang_persistent(blocks_per_sm=2):
-    from impls.tilelang._candidates import cluster_persistent
-
-    return cluster_persistent(blocks_per_sm)
-
-
 def candidates(op: str) -> list[tuple[int, str, object]]:
     """(tier, label, factory): the registered long-row kernels first, then other launch choices.
     Measured at 2bfae55 and dbe314e (docs/perf-notes.md item 44): the cluster kernels with
@@ -92,10 +86,6 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         # impls/tilelang/_candidates.py: splitk's segments, two rows in flight per persistent block
         # (sm_90, bf16: 143 registers at 256 threads, one block an SM); not measured yet
         c.append((2, "tilelang.splitk_pipelined", lambda: _tilelang_pipelined(1)))
-        # impls/tilelang/_candidates.py: tilelang.cluster over a persistent grid, the next row's
-        # segment loading by cp.async into a second buffer (bf16 131072: 87 registers at 2 blocks an SM)
-        for bps in (1, 2, 3):
-            c.append((1, f"tilelang.cluster_persistent {bps}/SM", lambda bps=bps: _tilelang_persistent(bps)))
     return c
 
 

@@ -31,11 +31,6 @@ def cluster_size(plan: Plan) -> int:
     return -(-plan.n // plan.padded)
 
 
-def blocks_in_shared_memory(segment_bytes: int) -> int:
-    """Blocks of ``segment_bytes`` of shared memory an SM holds (1 KB a block the driver keeps)."""
-    return SM_SHARED // (segment_bytes + 1024)
-
-
 def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
                  threads: int | None = None, segment_bytes: int | None = None,
                  max_cluster: int = MAX_CLUSTER) -> Plan:
@@ -54,7 +49,7 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     tpr = threads or (THREADS if -(-n // c) * size <= THREADS * 16 * VECTORS else 2 * THREADS)
     unit = tpr * max_vec(getattr(torch, dt))
     seg = -(-(-(-n // c)) // unit) * unit
-    fit = min(blocks_in_shared_memory(seg * size), SM_THREADS // tpr, SM_REGISTERS // (tpr * MIN_REGISTERS))
+    fit = min(SM_SHARED // (seg * size + 1024), SM_THREADS // tpr, SM_REGISTERS // (tpr * MIN_REGISTERS))
     # A row of one block (no cluster) takes no bound: at 64 registers its LayerNorm spills (bf16
     # 16384 with bias: 4 bytes), and such rows are the row-per-block kernels' anyway.
     bound = fit if fit > 1 and -(-n // seg) > 1 else None
