@@ -233,6 +233,10 @@ class GraphTimer(EventTimer):
 
 # -- host-inclusive cost of the call a user makes (NormKernel.user_call) -------------------------
 HOST_CALLS = 200  # back-to-back calls per host measurement (fewer: the host's noise decides)
+# ... but at most about this much GPU time of them, and never fewer than HOST_MIN_CALLS: every call
+# queued still runs after the timing, so at long rows (4-8 ms a call) 200 calls cost over a second a
+# measurement while the host's per-call figure needs far fewer calls to stand out of its noise.
+HOST_GPU_SECONDS, HOST_MIN_CALLS = 0.02, 20
 WALL_SECONDS = 0.01  # GPU time of back-to-back calls per wall measurement
 HOST_REPEATS = 5  # measurements of each; the median is the result
 
@@ -271,9 +275,15 @@ def wall_call_us(fn, device_us: float, host_us: float, seconds: float = WALL_SEC
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def host_calls_for(device_us: float) -> int:
+    """Calls of one host measurement of a call that takes ``device_us`` of GPU time."""
+    return int(min(HOST_CALLS, max(HOST_MIN_CALLS, HOST_GPU_SECONDS * 1e6 / max(device_us, 1.0))))
+
+
 def user_call_cost(fn, tools: GpuTools, device_us: float) -> tuple[float, float]:
     """(host µs, wall µs) per call of ``fn``, each the median of HOST_REPEATS measurements."""
-    host = statistics.median(host_call_us(fn, tools) for _ in range(HOST_REPEATS))
+    calls = host_calls_for(device_us)
+    host = statistics.median(host_call_us(fn, tools, calls) for _ in range(HOST_REPEATS))
     wall = statistics.median(wall_call_us(fn, device_us, host) for _ in range(HOST_REPEATS))
     return host, wall
 

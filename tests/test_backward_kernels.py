@@ -7,6 +7,7 @@ Triton runs under its interpreter without a GPU; its long-row form (a row-statis
 column blocks) is forced on small N through an explicit launch setting. Determinism and dx's batch
 invariance, which the Triton backward claims, are checked bitwise here too.
 """
+import dataclasses
 import re
 
 import pytest
@@ -126,6 +127,26 @@ def test_triton_backward_several_programs(op):
         _check(op, kernel, 33, n, dtype, *AFFINE[op][0], stride=n + 3, cfg=cfg)
     with pytest.raises(ValueError, match="must divide"):
         backward_config(129, torch.float32, setting=(6, 4, 2))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_triton_backward_pipelined_form(op):
+    """Settings with stages >= 2 (tiles ahead by Triton's software pipeline, not registers) give
+    the same gradients: an M tail, padded N, strided rows, the one-tile and the long-row form.
+    Stages of 1 or below 0, or a sixth field, are refused by name."""
+    from impls.triton.backward import backward_config
+
+    kernel = _triton(op, "invariant")
+    for dtype, n, setting in ((torch.bfloat16, 1000, (8, 1, 2, 0, 3)), (torch.float32, 129, (16, 2, 2, 0, 2))):
+        cfg = backward_config(n, dtype, setting=setting)
+        assert (cfg.stages, cfg.maxnreg) == (setting[4], None)
+        _check(op, kernel, 33, n, dtype, *AFFINE[op][0], stride=n + 3, cfg=cfg)
+    long_form = dataclasses.replace(backward_config(1000, torch.float32, one_tile_max=32, col_block=256), stages=3)
+    _check(op, kernel, 33, 1000, torch.float32, *AFFINE[op][0], stride=1005, cfg=long_form)
+    for bad, match in (((8, 1, 2, 0, 1), "stages must be"), ((8, 1, 2, 0, -2), "stages must be"),
+                       ((8, 1, 2, 0, 3, 9), "3 to 5 fields")):
+        with pytest.raises(ValueError, match=match):
+            backward_config(129, torch.float32, setting=bad)
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])

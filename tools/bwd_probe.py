@@ -10,7 +10,7 @@ bitwise: two calls give the same bits, and dx of the first rows alone equals the
     python -m tools.bwd_probe --out "$OUT"            # about a minute on an H200
 
 Writes bwd_probe.json and bwd_probe.txt under --out. A candidate is (rows per program, rows per
-tile, warps[, maxnreg]) as in impls.triton.backward.BWD_SETTINGS.
+tile, warps[, maxnreg[, stages]]) as in impls.triton.backward.BWD_SETTINGS.
 """
 from __future__ import annotations
 
@@ -24,17 +24,20 @@ import torch
 
 SHAPES = ((65536, 1024), (32768, 2048), (16384, 4096), (16384, 8192))
 # Rows per program against wave quantisation (programs = M / block_m over blocks per SM x 132),
-# tile shape and a register cap (more blocks per SM).
+# tile shape, a register cap (0: none) and stages (>= 2: tiles ahead by Triton's software pipeline
+# into shared memory, which frees the registers the one-tile-ahead form holds; ptxas for sm_90 at
+# 1024: LayerNorm 4 warps and 3 stages, 64 registers, where 2 warps in registers took 125).
 CANDIDATES = {
-    1024: [(32, 1, 1), (64, 1, 2), (32, 1, 2), (64, 1, 1), (16, 1, 2)],
-    2048: [(64, 1, 4), (64, 1, 8, 64), (32, 1, 4)],
-    4096: [(64, 1, 8), (64, 1, 16, 64), (32, 1, 8)],
-    8192: [(128, 1, 16), (64, 1, 16), (128, 1, 8)],
+    1024: [(64, 1, 2), (32, 1, 2), (64, 1, 2, 0, 3), (64, 1, 2, 0, 4), (64, 1, 4, 0, 3), (64, 1, 4, 0, 4),
+           (32, 1, 4, 0, 3), (128, 1, 4, 0, 3), (64, 2, 4, 0, 3)],
+    2048: [(64, 1, 4), (64, 1, 8, 64), (64, 1, 4, 0, 3), (64, 1, 8, 0, 3), (64, 1, 8, 0, 4), (32, 1, 8, 0, 3)],
+    4096: [(64, 1, 8), (64, 1, 16, 64), (64, 1, 8, 0, 3), (64, 1, 16, 0, 3), (64, 1, 16, 0, 2)],
+    8192: [(128, 1, 16), (128, 1, 16, 0, 2), (128, 1, 16, 0, 3), (64, 1, 16, 0, 2)],
 }
 # The final dw/db reduction's columns per program, on the default row setting: at N = 1024 the
 # default (REDUCE_MIN_N = 16) runs 64 programs on 132 SMs over 2048 partial rows.
 REDUCE_CANDIDATES: dict = {}  # 8 and 32 columns measured no faster than 16 (perf-notes item 45)
-BUDGET_S = 200  # candidates are left out once this much time has gone
+BUDGET_S = 240  # candidates are left out once this much time has gone
 
 
 class _Untimed(Exception):
@@ -107,7 +110,8 @@ def main(argv=None) -> int:
             grads = NormGrads(torch.empty_like(x), torch.empty_like(w), None if b is None else torch.empty_like(b))
             fn = lambda: k._backward(x, w, b, dy, saved, eps, grads, cfg)  # noqa: E731
             row = dict(op=op, m=m, n=n, setting="default" if setting is None else list(setting),
-                       block_m=cfg.block_m, rows=cfg.rows, warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+                       block_m=cfg.block_m, rows=cfg.rows, warps=cfg.num_warps, maxnreg=cfg.maxnreg,
+                       stages=cfg.stages)
             try:
                 fn()
                 if not args.smoke:
@@ -136,7 +140,7 @@ def main(argv=None) -> int:
             flags = "".join(f" {f}={row[f]}" for f in ("deterministic", "dx_batch_invariant") if f in row)
             lines.append(f"{op:<10} {m:>6}x{n:<5} {str(row['setting']):<24} bm={cfg.block_m:<4} "
                          f"programs={-(-m // cfg.block_m):<5} rows={cfg.rows} "
-                         f"warps={cfg.num_warps:<2} cap={cfg.maxnreg} "
+                         f"warps={cfg.num_warps:<2} cap={cfg.maxnreg} stages={cfg.stages} "
                          + (f"{row['us']:8.1f} us {row['pct_of_copy']:5.1f}% of copy" if "us" in row
                             else row.get("error", ""))
                          + f"  rel_l2 {errs}{flags}")

@@ -6,7 +6,10 @@
 #   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep; BENCH_REPEAT passes of the bandwidth
 #                                 part, default 2), README shapes; tools.host_cost. BENCH_ARGS adds
 #                                 pytest arguments (e.g. "--dtype float16" for one share of a split
-#                                 run); BENCH_EXTRAS=0 leaves out the README shapes and tools.host_cost
+#                                 run); BENCH_BACKENDS the backends (default all: the warm-up then
+#                                 compiles those among triton, tilelang, torch_compile, apex, liger);
+#                                 BENCH_K a pytest -k selection; BENCH_EXTRAS=0 leaves out the README
+#                                 shapes and tools.host_cost
 #   tools/gpu_run.sh sweep OUT [ARGS]   the Triton launch-setting sweep (python -m tools.triton_sweep ARGS)
 # The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
 # TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
@@ -38,9 +41,12 @@ tests)
   pt "${TESTS_TIMEOUT:-300}" tests -n 0 > "$out/tests.log" 2>&1; tail -n 3 "$out/tests.log"
   ;;
 bench)
-  timeout "${WARM_TIMEOUT:-130}" python -m harness.warm --bench --backend triton,tilelang,torch_compile,apex,liger "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
+  backends=${BENCH_BACKENDS:-all} compiled=triton,tilelang,torch_compile,apex,liger
+  [[ $backends != all ]] && compiled=$backends
+  select=(); [[ -n ${BENCH_K:-} ]] && select=(-k "$BENCH_K")
+  timeout "${WARM_TIMEOUT:-130}" python -m harness.warm --bench --backend "$compiled" "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
   pt "${BENCH_TIMEOUT:-380}" benchmarks --benchmark-only --profile full --bench-repeat "${BENCH_REPEAT:-2}" \
-     --backend all "${liger[@]}" \
+     --backend "$backends" "${liger[@]}" "${select[@]}" \
      --report-dir="$out" ${BENCH_ARGS:-} > "$out/benchmark.log" 2>&1
   tail -n 15 "$out/benchmark.log"
   [[ ${BENCH_EXTRAS:-1} == 0 ]] && exit 0

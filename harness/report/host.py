@@ -36,6 +36,11 @@ WALL_OVER_DEVICE = 1.15
 DECODE_WALL_SLACK = 0.10
 
 
+def judges_host(regime: str, n: int) -> bool:
+    """Whether the host target judges a shape of this regime and N."""
+    return regime == "decode" or (regime == "bandwidth" and n in HOST_BANDWIDTH_N)
+
+
 def _backend(kernel: str) -> str:
     return kernel.split(".", 1)[0]
 
@@ -87,7 +92,7 @@ def check(rows: list[dict]) -> list[dict]:
             continue
         peers = {_backend(r["kernel"]): r for r in rs if not r["project"]}
         where = f"{op} {dtype} {m} x {n}"
-        if regime == "decode" or n in HOST_BANDWIDTH_N:
+        if judges_host(regime, n):
             refs = [peers[b] for b in HOST_REFERENCE_PEERS if b in peers]
             gaps = [gap for r in ours for p in refs for gap in [_host_gap(r, p)] if gap]
             missing = [b for b in HOST_REFERENCE_PEERS if b not in peers]

@@ -7,7 +7,7 @@ ones (never recomputed), and g = dy * w (dy without a weight):
     dw = sum over rows of dy * x^,   db = sum over rows of dy
 
 One pass over x and dy: program p owns rows [p * BLOCK_M, (p + 1) * BLOCK_M), walks them in
-[ROWS, BLOCK_N] tiles (the next tile's loads issued before this tile's arithmetic), writes each
+[ROWS, BLOCK_N] tiles (tiles ahead in flight during a tile's arithmetic: bwd_rows), writes each
 row's dx and adds the tile's dy * x^ and dy into [ROWS, BLOCK_N] float32 accumulators. Padded
 lanes are zeroed with tl.where before any row sum: x loads 0 there, and x^ = (0 - mean) * rstd
 would otherwise enter c1. A row's dx depends on its own row only (same tile at every M).
@@ -73,7 +73,7 @@ def bwd_rows(
     X, DY, W, MEAN, RSTD, C1, C2, DX, DWP, DBP, M, N, stride_x, stride_dy, stride_dx,
     HAS_WEIGHT: tl.constexpr, IS_LN: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
     ONE_TILE: tl.constexpr, BLOCK_M: tl.constexpr, SPAN: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr, ROUND_BF16: tl.constexpr, STAGES: tl.constexpr,
 ):
     """dx of rows [pid_m * BLOCK_M, +BLOCK_M) and columns [pid_n * BLOCK_N, +BLOCK_N), and those
     rows' float32 dw/db partial sums at row pid_m of DWP/DBP (N columns each). SPAN is BLOCK_M,
@@ -82,8 +82,11 @@ def bwd_rows(
 
     One pass over x and dy: each [ROWS, BLOCK_N] tile gives its rows' dx and is added into
     [ROWS, BLOCK_N] float32 accumulators, summed over their rows once at the end (no cross-thread
-    reduction per tile). The next tile's x and dy are loaded, in their own dtype, before this
-    tile's arithmetic (with the rows' saved statistics): two tiles of loads in flight per program."""
+    reduction per tile). Tiles ahead are in flight during a tile's arithmetic in one of two ways:
+    STAGES = 0 loads the next tile into registers before this tile's arithmetic (one tile ahead,
+    its registers held); STAGES >= 2 leaves it to Triton's software pipeliner (the loop's
+    num_stages), which copies STAGES - 1 tiles ahead into shared memory with cp.async, so the
+    bytes in flight do not cost registers. Same arithmetic in the same order either way."""
     pid_m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -95,40 +98,58 @@ def bwd_rows(
         w = cols  # never read
     acc_dw = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     acc_db = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    nxt = _load_tile(X, DY, MEAN, RSTD, C1, C2, first + tl.arange(0, ROWS), end, cols, cmask, stride_x, stride_dy,
-                     IS_LN, ONE_TILE)
-    for r0 in tl.range(0, SPAN, ROWS):
-        rows = first + r0 + tl.arange(0, ROWS)
-        rmask = rows < end
-        mask = rmask[:, None] & cmask[None, :]
-        x_raw, dy_raw, mean, rstd, c1, c2 = nxt
-        nxt = _load_tile(X, DY, MEAN, RSTD, C1, C2, rows + ROWS, end, cols, cmask, stride_x, stride_dy,
-                         IS_LN, ONE_TILE)  # the next tile, in flight during this one's arithmetic
-        x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
-        if IS_LN:
-            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-        else:
-            xhat = tl.where(mask, x * rstd[:, None], 0.0)
-        g = dy
-        if HAS_WEIGHT:
-            g = dy * w[None, :]
-        if ONE_TILE:
-            c1 = tl.sum(g * xhat, axis=1) / N
-            c2 = tl.sum(g, axis=1) / N
-        if IS_LN:
-            dx = (g - c2[:, None] - xhat * c1[:, None]) * rstd[:, None]
-        else:
-            dx = (g - xhat * c1[:, None]) * rstd[:, None]
-        _store_y(DX, rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], dx, mask, ROUND_BF16)
-        if HAS_DW:
-            acc_dw += dy * xhat
-        if HAS_DB:
-            acc_db += dy
+    if STAGES == 0:
+        nxt = _load_tile(X, DY, MEAN, RSTD, C1, C2, first + tl.arange(0, ROWS), end, cols, cmask, stride_x,
+                         stride_dy, IS_LN, ONE_TILE)
+        for r0 in tl.range(0, SPAN, ROWS):
+            rows = first + r0 + tl.arange(0, ROWS)
+            cur = nxt
+            nxt = _load_tile(X, DY, MEAN, RSTD, C1, C2, rows + ROWS, end, cols, cmask, stride_x, stride_dy,
+                             IS_LN, ONE_TILE)  # the next tile, in flight during this one's arithmetic
+            acc_dw, acc_db = _rows_step(cur, rows, end, cols, cmask, w, acc_dw, acc_db, DX, N, stride_dx,
+                                        HAS_WEIGHT, IS_LN, HAS_DW, HAS_DB, ONE_TILE, ROUND_BF16)
+    else:
+        for r0 in tl.range(0, SPAN, ROWS, num_stages=STAGES):
+            rows = first + r0 + tl.arange(0, ROWS)
+            cur = _load_tile(X, DY, MEAN, RSTD, C1, C2, rows, end, cols, cmask, stride_x, stride_dy,
+                             IS_LN, ONE_TILE)
+            acc_dw, acc_db = _rows_step(cur, rows, end, cols, cmask, w, acc_dw, acc_db, DX, N, stride_dx,
+                                        HAS_WEIGHT, IS_LN, HAS_DW, HAS_DB, ONE_TILE, ROUND_BF16)
     part = pid_m.to(tl.int64) * N + cols
     if HAS_DW:
         tl.store(DWP + part, tl.sum(acc_dw, axis=0), mask=cmask)
     if HAS_DB:
         tl.store(DBP + part, tl.sum(acc_db, axis=0), mask=cmask)
+
+
+@triton.jit
+def _rows_step(tile, rows, end, cols, cmask, w, acc_dw, acc_db, DX, N, stride_dx,
+               HAS_WEIGHT: tl.constexpr, IS_LN: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
+               ONE_TILE: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """One tile of bwd_rows: its rows' dx stored, the accumulators advanced."""
+    x_raw, dy_raw, mean, rstd, c1, c2 = tile
+    mask = (rows < end)[:, None] & cmask[None, :]
+    x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
+    if IS_LN:
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    else:
+        xhat = tl.where(mask, x * rstd[:, None], 0.0)
+    g = dy
+    if HAS_WEIGHT:
+        g = dy * w[None, :]
+    if ONE_TILE:
+        c1 = tl.sum(g * xhat, axis=1) / N
+        c2 = tl.sum(g, axis=1) / N
+    if IS_LN:
+        dx = (g - c2[:, None] - xhat * c1[:, None]) * rstd[:, None]
+    else:
+        dx = (g - xhat * c1[:, None]) * rstd[:, None]
+    _store_y(DX, rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], dx, mask, ROUND_BF16)
+    if HAS_DW:
+        acc_dw += dy * xhat
+    if HAS_DB:
+        acc_db += dy
+    return acc_dw, acc_db
 
 
 @triton.jit

@@ -26,7 +26,9 @@ from impls.base import NormGrads, NormOutputs
 from impls.gpu_limits import cdiv, next_pow2
 
 # Launch settings: (op, bytes per element, tile width) -> (rows per program, rows per tile, warps[,
-# a cap on registers per thread for ptxas]). Rows per program is the rows of one dw/db partial:
+# a cap on registers per thread for ptxas (0: none)[, stages: 0 the next tile loaded into registers,
+# >= 2 Triton's software pipeline of that many stages, tiles ahead copied into shared memory]]).
+# Rows per program is the rows of one dw/db partial:
 # from op, N and dtype only, so the grouping of rows into partials (and the reduction tree) never
 # moves with M. The 16-bit entries are the fastest of tools/bwd_probe.py's candidates on the H200
 # (bf16, 2026-12-02, docs/perf-notes.md item 35); absent shapes take the rule in backward_config.
@@ -69,6 +71,7 @@ class BackwardConfig:
     reduce_n: int = 64  # the reduction's columns per program
     reduce_parts: int = 64  # the reduction's partial rows per step
     maxnreg: int | None = None  # a cap on the row kernel's registers per thread (compiled only)
+    stages: int = 0  # tiles ahead: 0 one, in registers; >= 2 stages - 1, by Triton's pipeliner (bwd_rows)
 
 
 def _warps(elems: int) -> int:
@@ -87,10 +90,16 @@ def backward_config(n: int, dtype: torch.dtype, op: str = "rms_norm", one_tile_m
     reduce = dict(reduce_n=reduce_n, reduce_parts=max(1, REDUCE_TILE // reduce_n))
     setting = setting or (BWD_SETTINGS.get((op, dtype.itemsize, block_n)) if one_tile else None)
     if setting:
-        block_m, rows, warps, *cap = setting
+        block_m, rows, warps, *rest = setting
+        if len(rest) > 2:
+            raise ValueError(f"a backward setting has 3 to 5 fields, not {len(setting)}: {setting}")
+        cap, stages = (list(rest) + [0, 0])[:2]
         if block_m % rows:
             raise ValueError(f"rows per tile ({rows}) must divide rows per program ({block_m})")
-        return BackwardConfig(block_n, rows, warps, one_tile, block_m, **reduce, maxnreg=cap[0] if cap else None)
+        if stages == 1 or stages < 0:
+            raise ValueError(f"stages must be 0 (the next tile in registers) or at least 2, not {stages}")
+        return BackwardConfig(block_n, rows, warps, one_tile, block_m, **reduce, maxnreg=cap or None,
+                              stages=stages)
     rows = max(1, BWD_TILE_ELEMS // block_n)
     block_m = max(BWD_BLOCK_M if one_tile else BWD_LONG_BLOCK_M, rows)
     return BackwardConfig(block_n, rows, _warps(rows * block_n), one_tile, block_m, **reduce)
@@ -142,7 +151,8 @@ class TritonBackward:
                           out.dx.stride(0)),
                          dict(**flags, HAS_DW=has_dw, HAS_DB=has_db, ONE_TILE=cfg.one_tile, BLOCK_M=cfg.block_m,
                               SPAN=cfg.block_m if m >= cfg.block_m else max(cfg.rows, next_pow2(m)),
-                              ROWS=cfg.rows, BLOCK_N=cfg.block_n, ROUND_BF16=round_bf16, **row_opts))
+                              ROWS=cfg.rows, BLOCK_N=cfg.block_n, ROUND_BF16=round_bf16, STAGES=cfg.stages,
+                              **row_opts))
         if has_dw or has_db:
             self._bwd_launch("bwd_reduce", x, (cdiv(n, cfg.reduce_n),),
                              (dwp, dbp, out.dw if has_dw else dwp, out.db if has_db else dbp, groups, n),
