@@ -32,17 +32,18 @@ from impls.gpu_limits import cdiv, next_pow2
 # from op, N and dtype only, so the grouping of rows into partials (and the reduction tree) never
 # moves with M. The 16-bit entries are the fastest of tools/bwd_probe.py's candidates on the H200
 # (bf16, 2026-12-02, docs/perf-notes.md item 35); absent shapes take the rule in backward_config.
-BWD_SETTINGS = {  # tools/bwd_probe.py on the H200 (reports/h200/README.md, 2026-12-02 runs)
-    ("rms_norm", 2, 1024): (32, 1, 2),  # 2 warps, not 1 (226 registers): benchmark 85.4-85.9% against 84.8-85.1%
+BWD_SETTINGS = {  # tools/bwd_probe.py on the H200 (reports/h200/README.md)
+    # 2026-12-03 (docs/perf-notes.md item 50): 3 stages (two tiles ahead in shared memory) led the
+    # register form at every N of LayerNorm and at RMSNorm 1024 and 8192; at RMSNorm 2048 and 4096
+    # the register form with a cap stayed ahead (92.2 / 90.7% against 90.9 / 90.5%).
+    ("rms_norm", 2, 1024): (64, 2, 4, 0, 3),  # 89.5% against (32, 1, 2)'s 85.7%
     ("rms_norm", 2, 2048): (64, 1, 8, 64),
     ("rms_norm", 2, 4096): (64, 1, 16, 64),
-    ("rms_norm", 2, 8192): (128, 1, 16),
-    # 32 rows led 64 in two probes (82.0-82.6% against 80.3-80.9%) but trailed in the benchmark
-    # (82.5% at cb6534b against 84.9-85.3% for 64 rows at fe84803 and 822d325): the benchmark's word
-    ("layer_norm", 2, 1024): (64, 1, 2),
-    ("layer_norm", 2, 2048): (64, 1, 4),
-    ("layer_norm", 2, 4096): (64, 1, 8),
-    ("layer_norm", 2, 8192): (128, 1, 16),
+    ("rms_norm", 2, 8192): (128, 1, 16, 0, 3),  # 93.7% against 91.7%
+    ("layer_norm", 2, 1024): (64, 1, 4, 0, 3),  # 85.1% against (64, 1, 2)'s 81.5%
+    ("layer_norm", 2, 2048): (64, 1, 4, 0, 3),  # 89.4% against 84.7%
+    ("layer_norm", 2, 4096): (64, 1, 8, 0, 3),  # 88.3% against 86.7%
+    ("layer_norm", 2, 8192): (128, 1, 16, 0, 3),  # 90.3% against 89.2%
 }
 # The rule: at least BWD_BLOCK_M rows per program; tiles of about BWD_TILE_ELEMS values, at most
 # PER_THREAD float32 values per thread and at most MAX_WARPS warps.
