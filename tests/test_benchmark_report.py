@@ -437,3 +437,24 @@ def test_paired_host_rounds_rotate_the_order_and_take_each_calls_median(monkeypa
     assert order == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
     assert got == {"a": 3.0, "b": 5.0}  # medians: an outlier round (9.0, 50.0) does not move them
     assert samples == {"a": [9.0, 1.0, 2.0, 3.0, 4.0], "b": [5.0, 5.0, 50.0, 5.0, 6.0]}
+
+
+def test_host_calls_shrink_with_device_time_and_pairs_only_where_judged():
+    """A host measurement queues calls whose GPU work still runs after it: at long rows (ms a
+    call) the calls are fewer, never under HOST_MIN_CALLS; short calls keep HOST_CALLS. Entry
+    points are timed paired with their peers only at the shapes the host target judges."""
+    from harness import timing
+    from harness.bench import BenchShape, host_target_shape
+
+    assert timing.host_calls_for(2.0) == timing.HOST_CALLS
+    assert timing.host_calls_for(60.0) == timing.HOST_CALLS
+    assert timing.host_calls_for(500.0) == int(timing.HOST_GPU_SECONDS * 1e6 / 500.0) < timing.HOST_CALLS
+    assert timing.host_calls_for(8000.0) == timing.HOST_MIN_CALLS
+    judged = [BenchShape("rms_norm", "bfloat16", 65536, 1024, "bandwidth"),
+              BenchShape("layer_norm", "float32", 32768, 2048, "bandwidth"),
+              BenchShape("rms_norm", "bfloat16", 8, 4096, "decode")]
+    unjudged = [BenchShape("rms_norm", "bfloat16", 16384, 4096, "bandwidth"),
+                BenchShape("layer_norm", "bfloat16", 16384, 262144, "bandwidth"),
+                BenchShape("rms_norm", "bfloat16", 65536, 1024, "backward")]
+    assert all(host_target_shape(s) for s in judged)
+    assert not any(host_target_shape(s) for s in unjudged)
