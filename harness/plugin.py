@@ -118,6 +118,17 @@ class HarnessState:
     def device_for(kernel: NormKernel) -> str:
         return device_for(kernel)
 
+    def left_out(self, kernel: NormKernel, case: Case) -> str | None:
+        """Why the quick profile on the CPU leaves this check out (``NormKernel.quick_cpu_every``),
+        or None: its cases are sampled by seed, known issues always kept."""
+        every = kernel.quick_cpu_every
+        device = device_for(kernel)
+        if (self.profile != "quick" or every <= 1 or device != "cpu" or case.seed % every == 0
+                or kernel.known_issue(case.id, device)):
+            return None
+        return (f"quick profile on the CPU: {kernel.name} checks one case in {every} here (every new shape "
+                f"compiles for seconds); the full profile checks every case")
+
     def adopt_collection(self, records: dict[str, dict]) -> None:
         """The controller takes a worker's collected records (workers collect, it does not)."""
         self.records = {nid: {**rec, **self.records.get(nid, {})} for nid, rec in records.items()}
