@@ -83,6 +83,7 @@ class HarnessState:
     selection: dict
     backward_cases: list[Case] = field(default_factory=list)  # harness/test_backward.py's
     batch_cases: list[Case] = field(default_factory=list)  # harness/test_properties.py's
+    backward_batch_cases: list[Case] = field(default_factory=list)  # harness/test_backward.py's batch invariance
     records: dict[str, dict] = field(default_factory=dict)  # nodeid -> record
     oracle: OracleCache = field(default_factory=OracleCache)
     # Agreement: (op, dtype, kernel_a, kernel_b) -> [max difference in allowed errors, cases, worst case]
@@ -108,7 +109,7 @@ class HarnessState:
         it per check): it weighs checks by their case's size and keeps the largest in few lanes per
         GPU (their GPU memory). The batch-invariance cases are among the largest (4096 x 65536 on
         the full profile)."""
-        return {c.id: c for c in self.cases + self.backward_cases + self.batch_cases}
+        return {c.id: c for c in self.cases + self.backward_cases + self.batch_cases + self.backward_batch_cases}
 
     @property
     def kernel_index(self) -> dict[tuple[str, str], NormKernel]:
@@ -350,7 +351,8 @@ def pytest_configure(config):
         "fuzz_seed": config.getoption("fuzz_seed"),
     }
     state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config,
-                         backward_cases=backward_cases, batch_cases=properties.batch_cases(profile))
+                         backward_cases=backward_cases, batch_cases=properties.batch_cases(profile),
+                         backward_batch_cases=properties.backward_batch_cases(profile))
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normdiff-state")
     if not isolation.worker_id(config) and not is_benchmark_run(config):

@@ -10,13 +10,14 @@ Both catch defects that stay within tolerance: a reduction order that changes fr
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from harness import shapes
 from harness.cases import Case, make_dy, make_inputs
-from impls.base import NormKernel, NormOutputs, rows_view
+from impls.base import NormGrads, NormKernel, NormOutputs, rows_view
 
 # Batch sizes every kernel is checked at; each kernel's declared M thresholds add both sides.
 BATCH_SIZES = (1, 2, 7, 64, 128, 129, 1024)
@@ -115,17 +116,47 @@ def batch_invariance(kernel: NormKernel, case: Case, device: str, quick: bool) -
     case has fewer), compared bit for bit with the same rows in the case's full call."""
     inp = make_inputs(case, device)
     x = rows_view(inp.x, "x", allow_copy=True)
-    m = x.shape[0]
-    full = kernel(x, inp.weight, inp.bias, inp.eps)
-    result = BatchResult(batch_sizes(kernel, case, device, quick))
-    if bit_diffs(full, kernel(x, inp.weight, inp.bias, inp.eps)):  # a change would mean nothing
+
+    def call(idx):  # the forward of rows idx (None: of every row)
+        return kernel(x if idx is None else x[idx].contiguous(), inp.weight, inp.bias, inp.eps)
+
+    return _batch_compare(x.shape[0], batch_sizes(kernel, case, device, quick), call)
+
+
+def backward_batch_invariance(kernel: NormKernel, case: Case, device: str, quick: bool) -> BatchResult:
+    """batch_invariance of the backward's dx (dw and db are sums over the batch): one forward of
+    the case for its saved statistics, then the backward of sample rows inside batches of other
+    sizes (their x, dy and saved statistics gathered), dx compared bit for bit with the same rows
+    of the backward of the whole case."""
+    inp = make_inputs(case, device)
+    x = rows_view(inp.x, "x", allow_copy=True)
+    dy = rows_view(make_dy(case, device)[0], "dy", allow_copy=True)
+    saved = kernel(x, inp.weight, inp.bias, inp.eps)
+
+    def call(idx):  # dx of rows idx (None: of every row)
+        if idx is None:
+            return NormGrads(kernel.backward(x, inp.weight, inp.bias, dy, saved, inp.eps).dx)
+        rows = NormOutputs(**{k: t[idx] for k, t in saved.fields().items()})
+        return NormGrads(kernel.backward(x[idx].contiguous(), inp.weight, inp.bias, dy[idx].contiguous(), rows,
+                                         inp.eps).dx)
+
+    return _batch_compare(x.shape[0], batch_sizes(kernel, case, device, quick), call)
+
+
+def _batch_compare(m: int, sizes: list[int], call) -> BatchResult:
+    """The batches of batch_invariance: ``call(idx)`` computes rows idx (None: all m) and returns
+    NormOutputs or NormGrads."""
+    result = BatchResult(sizes)
+    full = call(None)
+    if bit_diffs(full, call(None)):  # a change would mean nothing
         result.nondeterministic = True
         return result
     rows = sorted({0, m // 2, m - 1})[:SAMPLE_ROWS]
+    device = next(iter(full.fields().values())).device
     for size in result.sizes:
         # As many sample rows per batch as fit, each at a position that moves with the size.
         for group in (rows[i:i + size] for i in range(0, len(rows), size)):
-            idx = (torch.arange(size, device=x.device) - size // 2 + group[0]) % m  # the rows around the first
+            idx = (torch.arange(size, device=device) - size // 2 + group[0]) % m  # the rows around the first
             where = {}
             for row in group:
                 pos = (row * 7 + size) % size
@@ -133,10 +164,10 @@ def batch_invariance(kernel: NormKernel, case: Case, device: str, quick: bool) -
                     pos = (pos + 1) % size
                 where[row] = pos
                 idx[pos] = row
-            part = kernel(x[idx].contiguous(), inp.weight, inp.bias, inp.eps)
+            part = call(idx)
             pos, src = list(where.values()), list(where)
-            got = NormOutputs(**{k: t[pos] for k, t in part.fields().items()})
-            want = NormOutputs(**{k: t[src] for k, t in full.fields().items()})
+            got = type(part)(**{k: t[pos] for k, t in part.fields().items()})
+            want = type(full)(**{k: t[src] for k, t in full.fields().items()})
             for d in bit_diffs(got, want):
                 result.changes.setdefault(size, [])
                 if d.output not in result.changes[size]:
@@ -154,6 +185,14 @@ def batch_cases(profile: str) -> list[Case]:
             for n in (shapes.BATCH_N if full else shapes.BATCH_N_QUICK)]
 
 
+def backward_batch_cases(profile: str) -> list[Case]:
+    """The batch-invariance cases with a standard normal dy: the backward's (the quick profile's
+    in float32 only, where a changed order of a row's sums shows in dx's bits most often: an
+    interpreted backward of the case and its batches took 7 s a kernel)."""
+    return [dataclasses.replace(c, dy_dist="normal") for c in batch_cases(profile)
+            if profile == "full" or c.dtype == "float32"]
+
+
 def determinism_cases(cases: list[Case], profile: str) -> list[Case]:
     """The catalogue cases the determinism check runs: all of them in the full profile but those
     beyond 2**31 elements; in the quick one (the CPU, where an interpreted call is slow) a fixed
@@ -164,4 +203,5 @@ def determinism_cases(cases: list[Case], profile: str) -> list[Case]:
             and c.rows * c.n <= shapes.DETERMINISM_MAX_ELEMENTS_QUICK]
 
 
-__all__ = ["BitDiff", "BatchResult", "bit_diffs", "determinism", "backward_determinism", "batch_invariance", "batch_cases", "determinism_cases"]
+__all__ = ["BitDiff", "BatchResult", "bit_diffs", "determinism", "backward_determinism", "batch_invariance", "backward_batch_invariance",
+           "batch_cases", "backward_batch_cases", "determinism_cases"]

@@ -20,7 +20,8 @@ def pytest_generate_tests(metafunc):
     if state is None:
         return
     for name, cases in (("backward_case", state.backward_cases),
-                        ("backward_determinism_case", properties.determinism_cases(state.backward_cases, state.profile))):
+                        ("backward_determinism_case", properties.determinism_cases(state.backward_cases, state.profile)),
+                        ("backward_batch_case", state.backward_batch_cases)):
         if name in metafunc.fixturenames:
             pairs = [(c, k) for c in cases for k in state.kernels if k.op == c.op]
             metafunc.parametrize(name, pairs, ids=[f"{c.id}-{k.name}" for c, k in pairs])
@@ -75,3 +76,25 @@ def test_backward_deterministic(backward_determinism_case, request):
         pytest.xfail(f"declared nondeterministic ({declared}): " + "; ".join(d.summary() for d in diffs))
     assert not diffs, ("nondeterministic backward: two calls on identical inputs differ: "
                        + "; ".join(d.summary() for d in diffs))
+
+
+def test_backward_batch_invariant(backward_batch_case, request):
+    """dx of sample rows recomputed in batches of other sizes (properties.backward_batch_invariance),
+    bit for bit: a kernel that claims it (``backward_batch_invariant = True``) fails when a row's
+    dx changes with M; one that does not is measured and reported."""
+    case, kernel = backward_batch_case
+    device = runner.device_for(kernel)
+    reason = kernel.backward_unsupported(case.spec(device)) or request.config.stash[STATE].left_out(kernel, case)
+    if reason:
+        pytest.skip(reason)
+    quick = request.config.stash[STATE].profile == "quick"
+    result = properties.backward_batch_invariance(kernel, case, device, quick=quick)
+    if result.nondeterministic:
+        pytest.skip("two backward calls on the full batch differ (test_backward_deterministic reports it): "
+                    "batch invariance cannot be judged")
+    claim = kernel.backward_batch_invariant
+    record(request.node, batch_invariant=result.invariant, batch_sizes=result.sizes,
+           batch_changes={str(m): v for m, v in result.changes.items()}, batch_claim=claim,
+           **({"failure_kind": "batch-variant"} if not result.invariant and claim else {}))
+    if claim:
+        assert result.invariant, f"dx batch-variant, though {kernel.name} claims it invariant: {result.summary()}"

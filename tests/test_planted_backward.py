@@ -103,3 +103,20 @@ def test_backward_determinism_sees_a_reduction_order_per_call():
     diffs = backward_determinism(kernel, case, "cpu")
     assert [d.output for d in diffs] == ["dw"] and diffs[0].max_ulps >= 1
     assert backward_determinism(CorrectBackward("rms_norm"), case, "cpu") == []
+
+
+def test_backward_batch_invariance_sees_a_dx_order_by_m():
+    """A dx whose row sums change order with the batch's size passes the oracle check and the
+    determinism check; the backward batch-invariance check (harness.properties.
+    backward_batch_invariance) finds dx changing at the batch sizes on the other side of 64 rows,
+    and the correct twin is invariant. Its case is the quick profile's."""
+    from harness.properties import backward_batch_cases, backward_batch_invariance, backward_determinism
+    from tests.planted import DxOrderByM
+
+    case = next(c for c in backward_batch_cases("quick") if c.op == "layer_norm")
+    kernel = DxOrderByM("layer_norm")
+    assert check_backward(kernel, case).ok and backward_determinism(kernel, case, "cpu") == []
+    found = backward_batch_invariance(kernel, case, "cpu", quick=True)
+    assert not found.nondeterministic and not found.invariant
+    assert set(found.changes) == {s for s in found.sizes if s <= 64} and all(v == ["dx"] for v in found.changes.values())
+    assert backward_batch_invariance(CorrectBackward("layer_norm"), case, "cpu", quick=True).invariant

@@ -1,5 +1,5 @@
 """The correctness report's sections on determinism and batch invariance (harness.properties),
-from the records of ``test_deterministic`` and ``test_batch_invariant``."""
+from the records of ``test_deterministic``, ``test_batch_invariant`` and their backward twins."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -24,15 +24,17 @@ def render(records: list[dict], table) -> list[str]:
                 "declared nondeterministic" if any(r.get("outcome") == "known issue" for r in bad) else "**nondeterministic**")
             rows.append([k, len(rs), len(bad), f"{worst} ulp" if bad else "-", bad[0]["case"] if bad else "-", verdict])
         lines += table(["kernel", "cases", "cases whose bits differ", "largest difference", "first such case", "verdict"], rows)
-    bat = [r for r in records if r.get("test") == "test_batch_invariant" and "batch_invariant" in r]
+    bat = [r for r in records if r.get("test") in ("test_batch_invariant", "test_backward_batch_invariant")
+           and "batch_invariant" in r]
     if bat:
         by_kernel = defaultdict(list)
         for r in bat:
-            by_kernel[r["kernel"]].append(r)
+            by_kernel[r["kernel"] + (" (backward: dx)" if r["test"] == "test_backward_batch_invariant" else "")].append(r)
         lines += ["", "## Batch invariance", "",
                   "Sample rows of each case recomputed alone and in batches of other sizes, at other positions, "
-                  "compared bit for bit with the same rows in the full call. *Claim*: what the kernel declares "
-                  "(`NormKernel.batch_invariant`; a claimed invariance that breaks fails).", ""]
+                  "compared bit for bit with the same rows in the full call (a backward: dx, from the same rows' x, dy "
+                  "and saved statistics). *Claim*: what the kernel declares (`NormKernel.batch_invariant`, "
+                  "`backward_batch_invariant`; a claimed invariance that breaks fails).", ""]
         rows = []
         for k, rs in sorted(by_kernel.items()):
             changes: dict[int, set] = defaultdict(set)
