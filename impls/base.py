@@ -162,7 +162,7 @@ class NormKernel:
     backward_nondeterministic: ClassVar[str | None] = None
     backward_batch_invariant: ClassVar[bool | None] = None
     # The quick profile on the CPU (CI) checks one catalogue case in this many of this kernel's,
-    # forward and backward, the rest skipped with that reason: for a kernel whose every new shape
+    # forward, backward and determinism, the rest skipped with that reason: for a kernel whose every new shape
     # compiles for seconds there. Known issues are always checked; the full profile checks all.
     quick_cpu_every: ClassVar[int] = 1
 

@@ -14,7 +14,7 @@ import torch
 
 import impls.apex as apex
 import impls.torch_compile as tc
-from harness import runner
+from harness import properties, runner
 from harness.cases import Case
 from impls import registry
 from impls.base import NormOutputs, NormSpec, OptionalImport
@@ -84,14 +84,16 @@ def test_quick_cpu_share_samples_cases_by_seed_and_keeps_known_issues(monkeypatc
     cases whose seed it divides, the rest skipped with the reason; a known issue is always checked
     (it must keep failing); the full profile, and a kernel that declares nothing, check every case."""
     from harness.cases import catalogue
-    from harness.plugin import HarnessState
+    from harness.plugin import HarnessState, quick_cpu_kept
 
     kernel = registry.get("rms_norm", "torch_compile")
     plain = registry.get("rms_norm", "torch")
     cases = [c for c in catalogue("quick") if c.op == "rms_norm"]
     quick, full = (HarnessState(kernels=[kernel], cases=cases, profile=p, selection={}) for p in ("quick", "full"))
     kept = [c for c in cases if quick.left_out(kernel, c) is None]
-    assert kept == [c for c in cases if c.seed % kernel.quick_cpu_every == 0 or kernel.known_issue(c.id, "cpu")]
+    assert kept == [c for c in cases if quick_cpu_kept(c, kernel.quick_cpu_every) or kernel.known_issue(c.id, "cpu")]
+    det = properties.determinism_cases(cases, "quick")  # a seed sample of its own: not the same third
+    assert 0 < sum(quick_cpu_kept(c, kernel.quick_cpu_every) for c in det) < len(det)
     assert 0.2 < len(kept) / len(cases) < 0.5
     assert "checks one case in 3" in quick.left_out(kernel, next(c for c in cases if c not in kept))
     assert all(full.left_out(kernel, c) is None and quick.left_out(plain, c) is None for c in cases)
