@@ -231,7 +231,11 @@ def _catalogue(profile: str) -> list[Case]:
     # (1025 rows: several programs of any rows-per-program) at the shorter N only: interpreted
     # Triton spent 12 s a kernel on each 1025 x 4000 case in CI, for a tail 1025 x 769 also has.
     for m in TAIL_M + (TAIL_M_FULL if full else ()):
-        for n in (769, 4000) if not full and m < max(TAIL_M) else (769,) if not full else (769, 4000, 4096, 8192):
+        if full:
+            tail_n = (769, 4000, 4096, 8192)
+        else:
+            tail_n = (769,) if m == max(TAIL_M) else (769, 4000)
+        for n in tail_n:
             for dt in ("float32", "bfloat16") if not full else all_dtypes:
                 add(_both_ops(dtype=dt, shape=(m, n), tags=("M tail",)))
 

@@ -128,8 +128,9 @@ class HarnessState:
         return device_for(kernel)
 
     def left_out(self, kernel: NormKernel, case: Case) -> str | None:
-        """Why the quick profile on the CPU leaves this check out (``NormKernel.quick_cpu_every``),
-        or None: its cases are sampled by seed, known issues always kept."""
+        """Why the quick profile on the CPU leaves this (case, kernel) pair out
+        (``NormKernel.quick_cpu_every``), or None: cases sampled by quick_cpu_kept, known issues
+        always kept. Applied at collection to every check of the pair."""
         every = kernel.quick_cpu_every
         device = device_for(kernel)
         if (self.profile != "quick" or every <= 1 or device != "cpu" or quick_cpu_kept(case, every)
@@ -212,6 +213,9 @@ class HarnessState:
             rec = {"test": item.originalname, "kernel": kernel.name, "backend": kernel.backend, "op": kernel.op}
             if case is not None:
                 rec.update(case=case.id, dtype=case.dtype, tags=list(case.tags))
+                left_out = self.left_out(kernel, case)
+                if left_out:  # every check of a (case, kernel) pair, in one place
+                    item.add_marker(pytest.mark.skip(reason=left_out))
             self.records[item.nodeid] = rec
         shard = scheduling.parse_shard(self.config.getoption("shard"))
         if shard:

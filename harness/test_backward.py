@@ -48,9 +48,6 @@ def _agreement(result) -> list[tuple]:
 
 def test_backward(backward_case, harness_state, request):
     case, kernel = backward_case
-    left_out = kernel.has_backward and harness_state.left_out(kernel, case)
-    if left_out:
-        pytest.skip(left_out)
     issue = kernel.has_backward and kernel.known_issue(case.id, runner.device_for(kernel))
     if issue:  # strict: the day it passes, the declaration must go
         request.applymarker(pytest.mark.xfail(reason=f"known issue: {issue}", strict=True))
@@ -84,7 +81,7 @@ def test_backward_batch_invariant(backward_batch_case, request):
     dx changes with M; one that does not is measured and reported."""
     case, kernel = backward_batch_case
     device = runner.device_for(kernel)
-    reason = kernel.backward_unsupported(case.spec(device)) or request.config.stash[STATE].left_out(kernel, case)
+    reason = kernel.backward_unsupported(case.spec(device))
     if reason:
         pytest.skip(reason)
     quick = request.config.stash[STATE].profile == "quick"

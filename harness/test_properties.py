@@ -34,9 +34,6 @@ def _runnable(case, kernel) -> str:
 def test_deterministic(determinism_case, request):
     case, kernel = determinism_case
     device = _runnable(case, kernel)
-    left_out = request.config.stash[STATE].left_out(kernel, case)  # NormKernel.quick_cpu_every
-    if left_out:
-        pytest.skip(left_out)
     diffs = properties.determinism(kernel, case, device)
     record(request.node, deterministic=not diffs, bit_diffs=[d.__dict__ for d in diffs],
            **({"failure_kind": "nondeterministic"} if diffs and not kernel.nondeterministic else {}))

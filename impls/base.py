@@ -161,9 +161,10 @@ class NormKernel:
     # (dw and db reduced across programs by atomics, say, are not deterministic).
     backward_nondeterministic: ClassVar[str | None] = None
     backward_batch_invariant: ClassVar[bool | None] = None
-    # The quick profile on the CPU (CI) checks one catalogue case in this many of this kernel's,
-    # forward, backward and determinism, the rest skipped with that reason: for a kernel whose every new shape
-    # compiles for seconds there. Known issues are always checked; the full profile checks all.
+    # The quick profile on the CPU (CI) runs this kernel's checks on one case in this many (every
+    # check of a case: oracle, backward, properties), the rest skipped with that reason: for a
+    # kernel whose every new shape compiles for seconds there. Known issues are always checked;
+    # the full profile checks all.
     quick_cpu_every: ClassVar[int] = 1
 
     @property
