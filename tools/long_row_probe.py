@@ -29,12 +29,13 @@ from impls.base import UnsupportedCase, dtype_name, spec_of
 SAMPLE_ROWS = 8  # rows checked against float64 (the first ones; the last row too)
 
 
-def _triton_split(op, depth=1, block_n=None, warps=None, lag=True):
+def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, stages=0):
     from impls.triton.settings import LaunchConfig
 
     k = copy.copy(registry.get(op, "triton", "split"))
     k.__dict__.pop("_plans", None)  # the copy's own fast-path plans
     k.depth = depth
+    k.stages = stages
     if not lag:  # the kernel that waits for row i's partials before storing row i
         k.kernel_name = lambda n: k._kernel_name
     if block_n:
@@ -71,6 +72,9 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (1, name, lambda: _tilelang_cluster(op)),
         (1, "triton.split", lambda: _triton_split(op)),
         (1, "triton.looped", lambda: registry.get(op, "triton", "looped")),
+        *[(1, f"triton.split staged S={st}", lambda st=st: _triton_split(op, stages=st)) for st in (2, 3, 4)],
+        *[(2, f"triton.split staged S={st} {bn}x{w}w", lambda st=st, bn=bn, w=w: _triton_split(op, 1, bn, w, stages=st))
+          for st in (3, 4) for bn, w in ((2048, 2), (4096, 4), (8192, 8))],
         (2, "triton.split 2048x2w", lambda: _triton_split(op, 1, 2048, 2)),
         (2, "triton.split 4096x4w", lambda: _triton_split(op, 1, 4096, 4)),
         (2, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),

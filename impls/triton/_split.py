@@ -40,11 +40,14 @@ class SplitRowsKernel(TritonKernel):
         return reason
 
     depth = SPLIT_DEPTH  # rows of x loaded ahead (settings.SPLIT_DEPTH)
+    stages = 0  # >= 2: the staged kernels (_kernels.*_split_staged), x's loads pipelined S - 1 rows ahead
 
     def _meta(self, cfg: LaunchConfig) -> dict:
         return {}  # SPLITS (and DEPTH, for the kernel that takes it) come from the call, which knows N
 
     def kernel_name(self, n: int) -> str:
+        if self.stages:
+            return self._kernel_name + "_staged"
         return self._kernel_name + ("_lag" if n >= SPLIT_LAG_MIN_N else "")
 
     def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
@@ -56,6 +59,8 @@ class SplitRowsKernel(TritonKernel):
         meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
         if name == self._kernel_name:
             meta["DEPTH"] = self.depth
+        if self.stages:
+            meta["STAGES"] = self.stages
         words, done = _split_workspace(x.device)
         key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)
