@@ -29,13 +29,14 @@ from impls.base import UnsupportedCase, dtype_name, spec_of
 SAMPLE_ROWS = 8  # rows checked against float64 (the first ones; the last row too)
 
 
-def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, stages=0):
+def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, stages=0, hold_w=False):
     from impls.triton.settings import LaunchConfig
 
     k = copy.copy(registry.get(op, "triton", "split"))
     k.__dict__.pop("_plans", None)  # the copy's own fast-path plans
     k.depth = depth
     k.stages = stages
+    k.hold_w = hold_w
     if not lag:  # the kernel that waits for row i's partials before storing row i
         k.kernel_name = lambda n: k._kernel_name
     if block_n:
@@ -75,21 +76,23 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         *[(1, f"triton.split staged S={st}", lambda st=st: _triton_split(op, stages=st)) for st in (2, 3, 4)],
         *[(2, f"triton.split staged S={st} {bn}x{w}w", lambda st=st, bn=bn, w=w: _triton_split(op, 1, bn, w, stages=st))
           for st in (3, 4) for bn, w in ((2048, 2), (4096, 4), (8192, 8))],
-        (2, "triton.split 2048x2w", lambda: _triton_split(op, 1, 2048, 2)),
-        (2, "triton.split 4096x4w", lambda: _triton_split(op, 1, 4096, 4)),
-        (2, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),
-        (2, f"{name} 256 threads", lambda: _tilelang_cluster(op, threads=256)),
-        (2, f"{name} 512 threads", lambda: _tilelang_cluster(op, threads=512)),
+        *[(2, f"triton.split staged S={st} {bn}x{w}w w held", lambda st=st, bn=bn, w=w: _triton_split(op, 1, bn, w, stages=st, hold_w=True))
+          for st in (3,) for bn, w in ((2048, 2), (4096, 4), (8192, 8))],
+        (3, "triton.split 2048x2w", lambda: _triton_split(op, 1, 2048, 2)),
+        (3, "triton.split 4096x4w", lambda: _triton_split(op, 1, 4096, 4)),
+        (3, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),
+        (3, f"{name} 256 threads", lambda: _tilelang_cluster(op, threads=256)),
+        (3, f"{name} 512 threads", lambda: _tilelang_cluster(op, threads=512)),
         (3, "triton.split not lagged", lambda: _triton_split(op, lag=False)),
         (3, f"{name} 64KB segments", lambda: _tilelang_cluster(op, segment_bytes=65536)),
         (3, f"{name} 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384)),
         (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
     if op == "rms_norm":
-        c.append((2, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))
+        c.append((3, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))
         # impls/tilelang/_candidates.py: splitk's segments, two rows in flight per persistent block
         # (sm_90, bf16: 143 registers at 256 threads, one block an SM); not measured yet
-        c.append((2, "tilelang.splitk_pipelined", lambda: _tilelang_pipelined(1)))
+        c.append((3, "tilelang.splitk_pipelined", lambda: _tilelang_pipelined(1)))
     return c
 
 

@@ -515,7 +515,10 @@ def layer_norm_split_lag(
 @triton.jit(noinline=True)
 def _split_rstd_call(WORDS, group, part, it, ss, eps, N: tl.constexpr, SPLITS: tl.constexpr,
                      SPLITS_P2: tl.constexpr):
-    ss_j, _ = _split_exchange(WORDS, group, part, it, ss, ss, SPLITS, SPLITS_P2)
+    ss_a, ss_b = _split_exchange(WORDS, group, part, it, ss, ss, SPLITS, SPLITS_P2)
+    # Both words carry ss. Reading half from each keeps the second wait's result in use: when it
+    # was left unused, Triton 3.6 failed to compile some settings (2 warps, 64 words).
+    ss_j = tl.where(tl.arange(0, SPLITS_P2) % 2 == 0, ss_a, ss_b)
     return tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)
 
 
@@ -540,13 +543,17 @@ def _split_moments_call(WORDS, group, part, it, m_part, m2_part, N: tl.constexpr
 def rms_norm_split_staged(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-    ROUND_BF16: tl.constexpr, STAGES: tl.constexpr,
+    ROUND_BF16: tl.constexpr, STAGES: tl.constexpr, HOLD_W: tl.constexpr = False,
 ):
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     rows_here = tl.cdiv(M - group, GROUPS)  # group < M: the launcher runs at most M groups
+    # HOLD_W: the weight loaded once, held in registers; else loaded each row (the pipeliner then
+    # stages it too, in shared memory).
+    if HOLD_W and HAS_WEIGHT:
+        w_held = tl.load(W + cols, mask=cmask, other=0.0)
     for it in tl.range(0, rows_here, num_stages=STAGES):
         row = group + it * GROUPS
         row64 = row.to(tl.int64)
@@ -555,7 +562,10 @@ def rms_norm_split_staged(
         rstd = _split_rstd_call(WORDS, group, part, it, ss, eps, N, SPLITS, SPLITS_P2)
         y = x * rstd
         if HAS_WEIGHT:
-            y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+            if HOLD_W:
+                y = y * w_held.to(tl.float32)
+            else:
+                y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
         _store_y(Y, row64 * stride_y + cols, y, cmask, ROUND_BF16)
         if part == 0:
             tl.store(RSTD + row, rstd)
@@ -566,7 +576,7 @@ def rms_norm_split_staged(
 def layer_norm_split_staged(
     X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, STAGES: tl.constexpr,
+    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, STAGES: tl.constexpr, HOLD_W: tl.constexpr = False,
 ):
     # layer_norm_split's statistics, staged as rms_norm_split_staged.
     group = tl.program_id(0) // SPLITS
@@ -575,6 +585,10 @@ def layer_norm_split_staged(
     cmask = cols < N
     n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
     rows_here = tl.cdiv(M - group, GROUPS)
+    if HOLD_W and HAS_WEIGHT:
+        w_held = tl.load(W + cols, mask=cmask, other=0.0)
+    if HOLD_W and HAS_BIAS:
+        b_held = tl.load(B + cols, mask=cmask, other=0.0)
     for it in tl.range(0, rows_here, num_stages=STAGES):
         row = group + it * GROUPS
         row64 = row.to(tl.int64)
@@ -586,9 +600,15 @@ def layer_norm_split_staged(
         rstd = tl.rsqrt(var + eps)
         y = (d + (m_part - mean)) * rstd
         if HAS_WEIGHT:
-            y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+            if HOLD_W:
+                y = y * w_held.to(tl.float32)
+            else:
+                y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
         if HAS_BIAS:
-            y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+            if HOLD_W:
+                y = y + b_held.to(tl.float32)
+            else:
+                y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
         _store_y(Y, row64 * stride_y + cols, y, cmask, ROUND_BF16)
         if part == 0:
             tl.store(MEAN + row, mean)

@@ -41,6 +41,7 @@ class SplitRowsKernel(TritonKernel):
 
     depth = SPLIT_DEPTH  # rows of x loaded ahead (settings.SPLIT_DEPTH)
     stages = 0  # >= 2: the staged kernels (_kernels.*_split_staged), x's loads pipelined S - 1 rows ahead
+    hold_w = False  # staged kernels: weight and bias held in registers across rows
 
     def _meta(self, cfg: LaunchConfig) -> dict:
         return {}  # SPLITS (and DEPTH, for the kernel that takes it) come from the call, which knows N
@@ -60,7 +61,7 @@ class SplitRowsKernel(TritonKernel):
         if name == self._kernel_name:
             meta["DEPTH"] = self.depth
         if self.stages:
-            meta["STAGES"] = self.stages
+            meta.update(STAGES=self.stages, HOLD_W=self.hold_w)
         words, done = _split_workspace(x.device)
         key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)
