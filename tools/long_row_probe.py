@@ -44,14 +44,15 @@ def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, stages=0, hol
     return k
 
 
-def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8):
+def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, async_load=False):
     from impls.tilelang._long_plan import cluster_plan
 
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     k.__dict__.pop("_plans", None)
-    if threads or segment_bytes or max_cluster != 8:
-        k.plan_for = lambda dtype, n, hw, hb, vec, m=None: cluster_plan(variant, dtype, n, hw, hb, vec, threads,
+    built = variant + ("_async" if async_load else "")  # _long_programs.BUILDERS: the segment by cp.async
+    if threads or segment_bytes or max_cluster != 8 or async_load:
+        k.plan_for = lambda dtype, n, hw, hb, vec, m=None: cluster_plan(built, dtype, n, hw, hb, vec, threads,
                                                                         segment_bytes, max_cluster)
     return k
 
@@ -73,11 +74,14 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (1, name, lambda: _tilelang_cluster(op)),
         (1, "triton.split", lambda: _triton_split(op)),
         (1, "triton.looped", lambda: registry.get(op, "triton", "looped")),
-        *[(1, f"triton.split staged S={st}", lambda st=st: _triton_split(op, stages=st)) for st in (2, 3, 4)],
-        *[(2, f"triton.split staged S={st} {bn}x{w}w", lambda st=st, bn=bn, w=w: _triton_split(op, 1, bn, w, stages=st))
-          for st in (3, 4) for bn, w in ((2048, 2), (4096, 4), (8192, 8))],
-        *[(2, f"triton.split staged S={st} {bn}x{w}w w held", lambda st=st, bn=bn, w=w: _triton_split(op, 1, bn, w, stages=st, hold_w=True))
-          for st in (3,) for bn, w in ((2048, 2), (4096, 4), (8192, 8))],
+        (1, f"{name} cp.async", lambda: _tilelang_cluster(op, async_load=True)),
+        *[(1, f"triton.split {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w))
+          for bn, w in ((1024, 2), (2048, 4), (4096, 8), (8192, 16))],
+        (2, f"{name} cp.async 64KB segments", lambda: _tilelang_cluster(op, segment_bytes=65536, async_load=True)),
+        (2, f"{name} cp.async 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384, async_load=True)),
+        (2, f"{name} cp.async 512 threads", lambda: _tilelang_cluster(op, threads=512, async_load=True)),
+        (2, f"{name} cp.async cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16, async_load=True)),
+        *[(3, f"triton.split staged S={st}", lambda st=st: _triton_split(op, stages=st)) for st in (2, 3)],
         (3, "triton.split 2048x2w", lambda: _triton_split(op, 1, 2048, 2)),
         (3, "triton.split 4096x4w", lambda: _triton_split(op, 1, 4096, 4)),
         (3, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),
