@@ -29,14 +29,13 @@ from impls.base import UnsupportedCase, dtype_name, spec_of
 SAMPLE_ROWS = 8  # rows checked against float64 (the first ones; the last row too)
 
 
-def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, stages=0, hold_w=False):
+def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, lag_depth=1):
     from impls.triton.settings import LaunchConfig
 
     k = copy.copy(registry.get(op, "triton", "split"))
     k.__dict__.pop("_plans", None)  # the copy's own fast-path plans
     k.depth = depth
-    k.stages = stages
-    k.hold_w = hold_w
+    k.lag_depth = lag_depth
     if not lag:  # the kernel that waits for row i's partials before storing row i
         k.kernel_name = lambda n: k._kernel_name
     if block_n:
@@ -73,15 +72,12 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
         (1, "triton.split", lambda: _triton_split(op)),
-        (1, "triton.looped", lambda: registry.get(op, "triton", "looped")),
-        (1, f"{name} cp.async", lambda: _tilelang_cluster(op, async_load=True)),
-        *[(1, f"triton.split {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w))
-          for bn, w in ((1024, 2), (2048, 4), (4096, 8), (8192, 16))],
-        (2, f"{name} cp.async 64KB segments", lambda: _tilelang_cluster(op, segment_bytes=65536, async_load=True)),
-        (2, f"{name} cp.async 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384, async_load=True)),
-        (2, f"{name} cp.async 512 threads", lambda: _tilelang_cluster(op, threads=512, async_load=True)),
-        (2, f"{name} cp.async cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16, async_load=True)),
-        *[(3, f"triton.split staged S={st}", lambda st=st: _triton_split(op, stages=st)) for st in (2, 3)],
+        (1, "triton.split 2 rows ahead", lambda: _triton_split(op, lag_depth=2)),
+        *[(1, f"triton.split 2 rows ahead {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, lag_depth=2))
+          for bn, w in ((2048, 2), (2048, 4), (4096, 4), (4096, 8), (8192, 16))],
+        *[(1, f"triton.split {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w)) for bn, w in ((2048, 4), (4096, 8))],
+        (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
+        (2, "triton.split 8192x16w", lambda: _triton_split(op, 1, 8192, 16)),
         (3, "triton.split 2048x2w", lambda: _triton_split(op, 1, 2048, 2)),
         (3, "triton.split 4096x4w", lambda: _triton_split(op, 1, 4096, 4)),
         (3, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),

@@ -27,7 +27,6 @@ padded lanes read as zero and never stored).
 
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
 import tilelang.language as T
-import torch
 
 from impls.tilelang._long_plan import cluster_size
 from impls.tilelang._programs import F32, _affine, _row_layout, _signature_sizes
@@ -45,35 +44,7 @@ def _chunk_loop(chunks: int):
     return T.unroll(chunks) if chunks <= 16 else T.serial(chunks)
 
 
-def _segment_loader(plan: Plan, async_load: bool):
-    """A macro that loads a block's segment of row ``row`` into xs[0, :S], padded lanes as zero.
-    ``async_load`` (vectors of 4 bytes or more): by cp.async, global to shared without registers,
-    so the whole segment can be in flight whatever the registers; a vector past N is zero-filled
-    by its predicate (N is a multiple of vec)."""
-    N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
-    K, chunks = _smem_chunks(plan)
-    by_cp_async = async_load and vec * torch.finfo(getattr(torch, dt)).bits >= 32
-
-    @T.macro
-    def load(X, xs, row, base, sxv):
-        if by_cp_async:
-            tx = T.get_thread_binding()
-            for c in T.serial(chunks):
-                T.ptx_cp_async(T.access_ptr(xs[0, c * K + tx * vec], "w", vec),
-                               T.access_ptr(X[T.cast(row, "int64") * sxv * vec + base + c * K + tx * vec], "r", vec),
-                               vec, predicate=base + c * K + tx * vec < N)
-            T.ptx_commit_group()
-            T.ptx_wait_group(0)
-            T.sync_threads()
-        else:
-            for r, j in T.Parallel(1, S):
-                xs[r, j] = T.if_then_else(
-                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
-
-    return load
-
-
-def rms_norm_cluster(plan: Plan, async_load: bool = False):
+def rms_norm_cluster(plan: Plan):
     """RMSNorm: each block's sum of squares, summed over the cluster in rank order."""
     N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     C = cluster_size(plan)
@@ -81,7 +52,6 @@ def rms_norm_cluster(plan: Plan, async_load: bool = False):
     NW, _ = _signature_sizes(plan)
     M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w = plan.has_weight
-    load_segment = _segment_loader(plan, async_load)
 
     @T.prim_func
     def main(
@@ -102,7 +72,9 @@ def rms_norm_cluster(plan: Plan, async_load: bool = False):
             T.cluster_arrive()
             row = bx // C
             base = (bx % C) * S
-            load_segment(X, xs, row, base, sxv)
+            for r, j in T.Parallel(1, S):
+                xs[r, j] = T.if_then_else(
+                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
             for r, j in T.Parallel(1, K):
                 acc[r, j] = 0.0
             for c in _chunk_loop(chunks):
@@ -130,7 +102,7 @@ def rms_norm_cluster(plan: Plan, async_load: bool = False):
     return main
 
 
-def layer_norm_cluster(plan: Plan, async_load: bool = False):
+def layer_norm_cluster(plan: Plan):
     """LayerNorm, with two partials per block: the sum of its n_b columns and the sum of squares
     about its own mean m_b (two passes over shared memory). After the exchange, mean = sum / N
     and the row's M2 = sum over blocks of M2_b + n_b (m_b - mean)^2, in rank order: no
@@ -142,7 +114,6 @@ def layer_norm_cluster(plan: Plan, async_load: bool = False):
     M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w, has_b = plan.has_weight, plan.has_bias
     last = N - (C - 1) * S  # columns of the last block; every other block has S
-    load_segment = _segment_loader(plan, async_load)
 
     @T.prim_func
     def main(
@@ -165,7 +136,9 @@ def layer_norm_cluster(plan: Plan, async_load: bool = False):
             row = bx // C
             base = (bx % C) * S
             nb = T.if_then_else(bx % C == C - 1, last, S)
-            load_segment(X, xs, row, base, sxv)
+            for r, j in T.Parallel(1, S):
+                xs[r, j] = T.if_then_else(
+                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
             for r, j in T.Parallel(1, K):
                 acc[r, j] = 0.0
             for c in _chunk_loop(chunks):
@@ -207,7 +180,4 @@ def layer_norm_cluster(plan: Plan, async_load: bool = False):
     return main
 
 
-BUILDERS = {"cluster": rms_norm_cluster, "layer_norm_cluster": layer_norm_cluster,
-            # probe candidates (tools/long_row_probe.py): the segment loaded by cp.async
-            "cluster_async": lambda plan: rms_norm_cluster(plan, True),
-            "layer_norm_cluster_async": lambda plan: layer_norm_cluster(plan, True)}
+BUILDERS = {"cluster": rms_norm_cluster, "layer_norm_cluster": layer_norm_cluster}

@@ -416,13 +416,16 @@ def layer_norm_split(
 def rms_norm_split_lag(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
+    ROUND_BF16: tl.constexpr, DEPTH: tl.constexpr = 1,
 ):
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)  # group < M
+    if DEPTH == 2:  # a second row ahead in flight
+        x_ahead = tl.load(X + (group + GROUPS).to(tl.int64) * stride_x + cols, mask=cmask & (group + GROUPS < M),
+                          other=0.0)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
@@ -431,7 +434,7 @@ def rms_norm_split_lag(
     while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
         x = x_cur.to(tl.float32)
         ss = tl.sum(x * x, axis=0)
-        nxt = row + GROUPS
+        nxt = row + DEPTH * GROUPS
         x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, ss, ss)
@@ -446,7 +449,11 @@ def rms_norm_split_lag(
             if part == 0:
                 tl.store(RSTD + prev, rstd)
         x_prev = x_cur
-        x_cur = x_next
+        if DEPTH == 2:
+            x_cur = x_ahead
+            x_ahead = x_next
+        else:
+            x_cur = x_next
         it += 1
         row += GROUPS
     _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)
@@ -456,7 +463,7 @@ def rms_norm_split_lag(
 def layer_norm_split_lag(
     X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr,
+    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, DEPTH: tl.constexpr = 1,
 ):
     # triton.split's statistics (each part's exact mean and centred M2, merged by Chan's
     # combination), lagged as rms_norm_split_lag.
@@ -468,6 +475,9 @@ def layer_norm_split_lag(
     j = tl.arange(0, SPLITS_P2)
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)
+    if DEPTH == 2:
+        x_ahead = tl.load(X + (group + GROUPS).to(tl.int64) * stride_x + cols, mask=cmask & (group + GROUPS < M),
+                          other=0.0)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
@@ -479,7 +489,7 @@ def layer_norm_split_lag(
         m_part = tl.sum(x, axis=0) / n_part
         d = tl.where(cmask, x - m_part, 0.0)
         m2_part = tl.sum(d * d, axis=0)
-        nxt = row + GROUPS
+        nxt = row + DEPTH * GROUPS
         x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
@@ -501,116 +511,12 @@ def layer_norm_split_lag(
                 tl.store(MEAN + prev, mean)
                 tl.store(RSTD + prev, rstd)
         x_prev = x_cur
-        x_cur = x_next
+        if DEPTH == 2:
+            x_cur = x_ahead
+            x_ahead = x_next
+        else:
+            x_cur = x_next
         m_prev = m_part
         it += 1
         row += GROUPS
     _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)
-
-
-# The staged kernels' exchange, as function calls that take and return scalars: a loop nested in
-# the row loop (the wait) keeps Triton's software pipeliner from pipelining the row loop's loads,
-# a call does not (and a call that returns tensors does not compile in Triton 3.6). The
-# statistics are the split kernels' expressions, in the same order.
-@triton.jit(noinline=True)
-def _split_rstd_call(WORDS, group, part, it, ss, eps, N: tl.constexpr, SPLITS: tl.constexpr,
-                     SPLITS_P2: tl.constexpr):
-    ss_a, ss_b = _split_exchange(WORDS, group, part, it, ss, ss, SPLITS, SPLITS_P2)
-    # Both words carry ss. Reading half from each keeps the second wait's result in use: when it
-    # was left unused, Triton 3.6 failed to compile some settings (2 warps, 64 words).
-    ss_j = tl.where(tl.arange(0, SPLITS_P2) % 2 == 0, ss_a, ss_b)
-    return tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)
-
-
-@triton.jit(noinline=True)
-def _split_moments_call(WORDS, group, part, it, m_part, m2_part, N: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
-    m_j, m2_j = _split_exchange(WORDS, group, part, it, m_part, m2_part, SPLITS, SPLITS_P2)
-    n_j = tl.minimum(tl.maximum(N - tl.arange(0, SPLITS_P2) * BLOCK_N, 0), BLOCK_N).to(tl.float32)
-    mean = tl.sum(n_j * m_j, axis=0) / N
-    dm = m_j - mean
-    var = (tl.sum(m2_j, axis=0) + tl.sum(n_j * dm * dm, axis=0)) / N
-    return mean, var
-
-
-# The staged split kernels: rms_norm_split's exchange (publish row i's partial, wait for the
-# siblings', store row i), with x's loads left to Triton's software pipeliner: the row loop's
-# num_stages = STAGES copies the next STAGES - 1 rows' columns into shared memory by cp.async
-# while this row waits for its siblings, so the loads in flight are not bounded by registers
-# (docs/perf-notes.md item 46), and no row is held across iterations. Same sums in the same order
-# as rms_norm_split: deterministic, batch invariant.
-@triton.jit(do_not_specialize=["GROUPS"])
-def rms_norm_split_staged(
-    X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
-    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-    ROUND_BF16: tl.constexpr, STAGES: tl.constexpr, HOLD_W: tl.constexpr = False,
-):
-    group = tl.program_id(0) // SPLITS
-    part = tl.program_id(0) % SPLITS
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    rows_here = tl.cdiv(M - group, GROUPS)  # group < M: the launcher runs at most M groups
-    # HOLD_W: the weight loaded once, held in registers; else loaded each row (the pipeliner then
-    # stages it too, in shared memory).
-    if HOLD_W and HAS_WEIGHT:
-        w_held = tl.load(W + cols, mask=cmask, other=0.0)
-    for it in tl.range(0, rows_here, num_stages=STAGES):
-        row = group + it * GROUPS
-        row64 = row.to(tl.int64)
-        x = tl.load(X + row64 * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
-        ss = tl.sum(x * x, axis=0)
-        rstd = _split_rstd_call(WORDS, group, part, it, ss, eps, N, SPLITS, SPLITS_P2)
-        y = x * rstd
-        if HAS_WEIGHT:
-            if HOLD_W:
-                y = y * w_held.to(tl.float32)
-            else:
-                y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
-        _store_y(Y, row64 * stride_y + cols, y, cmask, ROUND_BF16)
-        if part == 0:
-            tl.store(RSTD + row, rstd)
-    _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)
-
-
-@triton.jit(do_not_specialize=["GROUPS"])
-def layer_norm_split_staged(
-    X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, STAGES: tl.constexpr, HOLD_W: tl.constexpr = False,
-):
-    # layer_norm_split's statistics, staged as rms_norm_split_staged.
-    group = tl.program_id(0) // SPLITS
-    part = tl.program_id(0) % SPLITS
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
-    rows_here = tl.cdiv(M - group, GROUPS)
-    if HOLD_W and HAS_WEIGHT:
-        w_held = tl.load(W + cols, mask=cmask, other=0.0)
-    if HOLD_W and HAS_BIAS:
-        b_held = tl.load(B + cols, mask=cmask, other=0.0)
-    for it in tl.range(0, rows_here, num_stages=STAGES):
-        row = group + it * GROUPS
-        row64 = row.to(tl.int64)
-        x = tl.load(X + row64 * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
-        m_part = tl.sum(x, axis=0) / n_part
-        d = tl.where(cmask, x - m_part, 0.0)
-        m2_part = tl.sum(d * d, axis=0)
-        mean, var = _split_moments_call(WORDS, group, part, it, m_part, m2_part, N, BLOCK_N, SPLITS, SPLITS_P2)
-        rstd = tl.rsqrt(var + eps)
-        y = (d + (m_part - mean)) * rstd
-        if HAS_WEIGHT:
-            if HOLD_W:
-                y = y * w_held.to(tl.float32)
-            else:
-                y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            if HOLD_W:
-                y = y + b_held.to(tl.float32)
-            else:
-                y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
-        _store_y(Y, row64 * stride_y + cols, y, cmask, ROUND_BF16)
-        if part == 0:
-            tl.store(MEAN + row, mean)
-            tl.store(RSTD + row, rstd)
-    _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2)

@@ -40,15 +40,12 @@ class SplitRowsKernel(TritonKernel):
         return reason
 
     depth = SPLIT_DEPTH  # rows of x loaded ahead (settings.SPLIT_DEPTH)
-    stages = 0  # >= 2: the staged kernels (_kernels.*_split_staged), x's loads pipelined S - 1 rows ahead
-    hold_w = False  # staged kernels: weight and bias held in registers across rows
+    lag_depth = 1  # rows of x the lagged kernels load ahead (1 or 2)
 
     def _meta(self, cfg: LaunchConfig) -> dict:
         return {}  # SPLITS (and DEPTH, for the kernel that takes it) come from the call, which knows N
 
     def kernel_name(self, n: int) -> str:
-        if self.stages:
-            return self._kernel_name + "_staged"
         return self._kernel_name + ("_lag" if n >= SPLIT_LAG_MIN_N else "")
 
     def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
@@ -58,10 +55,8 @@ class SplitRowsKernel(TritonKernel):
         splits = cdiv(n, cfg.block_n)
         name = self.kernel_name(n)
         meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
-        if name == self._kernel_name:
-            meta["DEPTH"] = self.depth
-        if self.stages:
-            meta.update(STAGES=self.stages, HOLD_W=self.hold_w)
+        if name == self._kernel_name or self.lag_depth > 1:
+            meta["DEPTH"] = self.depth if name == self._kernel_name else self.lag_depth
         words, done = _split_workspace(x.device)
         key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)
