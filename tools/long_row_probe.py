@@ -29,13 +29,12 @@ from impls.base import UnsupportedCase, dtype_name, spec_of
 SAMPLE_ROWS = 8  # rows checked against float64 (the first ones; the last row too)
 
 
-def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, lag_depth=1):
+def _triton_split(op, depth=1, block_n=None, warps=None, lag=True):
     from impls.triton.settings import LaunchConfig
 
     k = copy.copy(registry.get(op, "triton", "split"))
     k.__dict__.pop("_plans", None)  # the copy's own fast-path plans
     k.depth = depth
-    k.lag_depth = lag_depth
     if not lag:  # the kernel that waits for row i's partials before storing row i
         k.kernel_name = lambda n: k._kernel_name
     if block_n:
@@ -67,14 +66,13 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     Measured at 2bfae55 and dbe314e (docs/perf-notes.md item 44): the cluster kernels with
     segments in shared memory beat segments in registers by 10-25 points; clusters of up to 16
     and 16 or 64 KB segments no faster than the rule; the lagged split beat the waiting one by up
-    to 35 points at 262144, and split programs of 16384 or 32768 columns were slower."""
+    to 35 points at 262144, and split programs of 16384 or 32768 columns were slower. At 4bd3a63
+    and 6696c2b (item 51): the segment loaded by cp.async, the split's loads staged by Triton's
+    pipeliner and a second row ahead in the lagged split were all slower (removed)."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
         (1, "triton.split", lambda: _triton_split(op)),
-        (1, "triton.split 2 rows ahead", lambda: _triton_split(op, lag_depth=2)),
-        *[(1, f"triton.split 2 rows ahead {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, lag_depth=2))
-          for bn, w in ((2048, 2), (2048, 4), (4096, 4), (4096, 8), (8192, 16))],
         *[(1, f"triton.split {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w)) for bn, w in ((2048, 4), (4096, 8))],
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
         (2, "triton.split 8192x16w", lambda: _triton_split(op, 1, 8192, 16)),

@@ -416,16 +416,13 @@ def layer_norm_split(
 def rms_norm_split_lag(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-    ROUND_BF16: tl.constexpr, DEPTH: tl.constexpr = 1,
+    ROUND_BF16: tl.constexpr,
 ):
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)  # group < M
-    if DEPTH == 2:  # a second row ahead in flight
-        x_ahead = tl.load(X + (group + GROUPS).to(tl.int64) * stride_x + cols, mask=cmask & (group + GROUPS < M),
-                          other=0.0)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
@@ -434,7 +431,7 @@ def rms_norm_split_lag(
     while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
         x = x_cur.to(tl.float32)
         ss = tl.sum(x * x, axis=0)
-        nxt = row + DEPTH * GROUPS
+        nxt = row + GROUPS
         x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, ss, ss)
@@ -449,11 +446,7 @@ def rms_norm_split_lag(
             if part == 0:
                 tl.store(RSTD + prev, rstd)
         x_prev = x_cur
-        if DEPTH == 2:
-            x_cur = x_ahead
-            x_ahead = x_next
-        else:
-            x_cur = x_next
+        x_cur = x_next
         it += 1
         row += GROUPS
     _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)
@@ -463,7 +456,7 @@ def rms_norm_split_lag(
 def layer_norm_split_lag(
     X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, DEPTH: tl.constexpr = 1,
+    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     # triton.split's statistics (each part's exact mean and centred M2, merged by Chan's
     # combination), lagged as rms_norm_split_lag.
@@ -475,9 +468,6 @@ def layer_norm_split_lag(
     j = tl.arange(0, SPLITS_P2)
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)
-    if DEPTH == 2:
-        x_ahead = tl.load(X + (group + GROUPS).to(tl.int64) * stride_x + cols, mask=cmask & (group + GROUPS < M),
-                          other=0.0)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
@@ -489,7 +479,7 @@ def layer_norm_split_lag(
         m_part = tl.sum(x, axis=0) / n_part
         d = tl.where(cmask, x - m_part, 0.0)
         m2_part = tl.sum(d * d, axis=0)
-        nxt = row + DEPTH * GROUPS
+        nxt = row + GROUPS
         x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
@@ -511,11 +501,7 @@ def layer_norm_split_lag(
                 tl.store(MEAN + prev, mean)
                 tl.store(RSTD + prev, rstd)
         x_prev = x_cur
-        if DEPTH == 2:
-            x_cur = x_ahead
-            x_ahead = x_next
-        else:
-            x_cur = x_next
+        x_cur = x_next
         m_prev = m_part
         it += 1
         row += GROUPS

@@ -40,7 +40,6 @@ class SplitRowsKernel(TritonKernel):
         return reason
 
     depth = SPLIT_DEPTH  # rows of x loaded ahead (settings.SPLIT_DEPTH)
-    lag_depth = 1  # rows of x the lagged kernels load ahead (1 or 2)
 
     def _meta(self, cfg: LaunchConfig) -> dict:
         return {}  # SPLITS (and DEPTH, for the kernel that takes it) come from the call, which knows N
@@ -55,8 +54,8 @@ class SplitRowsKernel(TritonKernel):
         splits = cdiv(n, cfg.block_n)
         name = self.kernel_name(n)
         meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
-        if name == self._kernel_name or self.lag_depth > 1:
-            meta["DEPTH"] = self.depth if name == self._kernel_name else self.lag_depth
+        if name == self._kernel_name:
+            meta["DEPTH"] = self.depth
         words, done = _split_workspace(x.device)
         key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)
