@@ -266,6 +266,23 @@ def test_speed_targets_name_each_gap():
     assert "project backends: tilelang, triton" in md  # from the rows' project flag
 
 
+def test_long_row_targets_need_90_percent_best_and_85_each_backend():
+    """N = 65536, 131072 and 262144: the best project kernel >= 90% of copy, each project
+    backend >= 85% (both thresholds judged apart)."""
+    from harness.report import targets
+
+    rows = [
+        _row("triton.split", 92.0, n=65536), _row("tilelang.cluster", 86.0, n=65536),  # met
+        _row("triton.split", 89.5, n=131072), _row("tilelang.cluster", 87.0, n=131072),  # best short
+        _row("triton.split", 91.0, n=262144), _row("tilelang.cluster", 84.0, n=262144),  # TileLang short
+    ]
+    bw = {t["n"]: t for t in targets.bandwidth(rows)}
+    assert set(bw) == {65536, 131072, 262144}
+    assert bw[65536]["gaps"] == []
+    assert bw[131072]["gaps"] == ["best 89.5% < 90%"]
+    assert bw[262144]["gaps"] == ["tilelang 84.0% < 85%"]
+
+
 def test_the_project_is_what_kernels_declare_not_a_backend_name():
     from harness.report import targets
 
