@@ -29,12 +29,13 @@ from impls.base import UnsupportedCase, dtype_name, spec_of
 SAMPLE_ROWS = 8  # rows checked against float64 (the first ones; the last row too)
 
 
-def _triton_split(op, depth=1, block_n=None, warps=None, lag=True):
+def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, hold_w=False):
     from impls.triton.settings import LaunchConfig
 
     k = copy.copy(registry.get(op, "triton", "split"))
     k.__dict__.pop("_plans", None)  # the copy's own fast-path plans
     k.depth = depth
+    k.hold_w = hold_w
     if not lag:  # the kernel that waits for row i's partials before storing row i
         k.kernel_name = lambda n: k._kernel_name
     if block_n:
@@ -74,6 +75,11 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (1, name, lambda: _tilelang_cluster(op)),
         (1, "triton.split", lambda: _triton_split(op)),
         *[(1, f"triton.split {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w)) for bn, w in ((2048, 4), (4096, 8))],
+        (1, "triton.split weight held", lambda: _triton_split(op, hold_w=True)),
+        *[(1, f"triton.split {bn}x{w}w weight held", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, hold_w=True))
+          for bn, w in ((2048, 4), (4096, 8))],
+        (1, "triton.split no affine", lambda: _triton_split(op)),
+        (1, f"{name} no affine", lambda: _tilelang_cluster(op)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
         (2, "triton.split 8192x16w", lambda: _triton_split(op, 1, 8192, 16)),
         (3, "triton.split 2048x2w", lambda: _triton_split(op, 1, 2048, 2)),
@@ -209,7 +215,7 @@ def main(argv=None) -> int:
         for op in ops:
             for n in ns:
                 d = inputs_for(op, n)
-                x, w, b, eps = d.x, d.weight, d.bias, d.eps
+                x, eps = d.x, d.eps
                 m = x.shape[0]
                 for t, label, make in candidates(op):
                     if t != tier:
@@ -220,6 +226,8 @@ def main(argv=None) -> int:
                     else:
                         try:
                             kernel = make()
+                            # A label ending in "no affine" times the kernel without weight and bias.
+                            w, b = (None, None) if label.endswith("no affine") else (d.weight, d.bias)
                             spec = spec_of(op, x, "cuda", w, b)
                             why = kernel.unsupported(spec)
                             if why:

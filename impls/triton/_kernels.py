@@ -416,13 +416,15 @@ def layer_norm_split(
 def rms_norm_split_lag(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
+    ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False,
 ):
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)  # group < M
+    if HOLD_W and HAS_WEIGHT:  # a program's columns never change: weight loaded once, held
+        w_held = tl.load(W + cols, mask=cmask, other=0.0)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
@@ -440,7 +442,10 @@ def rms_norm_split_lag(
             rstd = tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)  # the same order in every program
             y = x_prev.to(tl.float32) * rstd
             if HAS_WEIGHT:
-                y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+                if HOLD_W:
+                    y = y * w_held.to(tl.float32)
+                else:
+                    y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
             prev = row - GROUPS
             _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
             if part == 0:
@@ -456,7 +461,7 @@ def rms_norm_split_lag(
 def layer_norm_split_lag(
     X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr,
+    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False,
 ):
     # triton.split's statistics (each part's exact mean and centred M2, merged by Chan's
     # combination), lagged as rms_norm_split_lag.
@@ -468,6 +473,10 @@ def layer_norm_split_lag(
     j = tl.arange(0, SPLITS_P2)
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)
+    if HOLD_W and HAS_WEIGHT:
+        w_held = tl.load(W + cols, mask=cmask, other=0.0)
+    if HOLD_W and HAS_BIAS:
+        b_held = tl.load(B + cols, mask=cmask, other=0.0)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
@@ -492,9 +501,15 @@ def layer_norm_split_lag(
             d_prev = tl.where(cmask, x_prev.to(tl.float32) - m_prev, 0.0)
             y = (d_prev + (m_prev - mean)) * rstd
             if HAS_WEIGHT:
-                y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+                if HOLD_W:
+                    y = y * w_held.to(tl.float32)
+                else:
+                    y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
             if HAS_BIAS:
-                y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+                if HOLD_W:
+                    y = y + b_held.to(tl.float32)
+                else:
+                    y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
             prev = row - GROUPS
             _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
             if part == 0:

@@ -40,6 +40,7 @@ class SplitRowsKernel(TritonKernel):
         return reason
 
     depth = SPLIT_DEPTH  # rows of x loaded ahead (settings.SPLIT_DEPTH)
+    hold_w = False  # the lagged kernels: weight and bias loaded once a program and held in registers
 
     def _meta(self, cfg: LaunchConfig) -> dict:
         return {}  # SPLITS (and DEPTH, for the kernel that takes it) come from the call, which knows N
@@ -56,6 +57,8 @@ class SplitRowsKernel(TritonKernel):
         meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
         if name == self._kernel_name:
             meta["DEPTH"] = self.depth
+        elif self.hold_w:
+            meta["HOLD_W"] = True
         words, done = _split_workspace(x.device)
         key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)
