@@ -47,7 +47,8 @@ def test_lagged_split_carries_the_previous_row():
     dropped such a value from the loop's carried values when it started as the same tensor as
     the current row's, and read the current row in its place: on the H200 every row but each
     group's first came out scaled from the next row's x. Here, compiled for sm_90 (no GPU
-    needed): the row loop carries two row tensors of x's dtype, the current and the previous."""
+    needed): the row loop carries two row tensors of x's dtype, the current and the previous,
+    with the weight (and bias) loaded each row and held from the start (HOLD_W)."""
     import re
     import subprocess
     import sys
@@ -55,16 +56,17 @@ def test_lagged_split_carries_the_previous_row():
     from pathlib import Path
 
     script = r'''
-import triton, torch
+import itertools, triton, torch
 from impls.triton import _kernels as k
 from tools.triton_resources import compile_sm90
 n = 65536
-for op, fn in (("rms_norm", k.rms_norm_split_lag), ("layer_norm", k.layer_norm_split_lag)):
+for (op, fn), hold in itertools.product((("rms_norm", k.rms_norm_split_lag), ("layer_norm", k.layer_norm_split_lag)),
+                                       (False, True)):
     x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
     s = torch.empty(2, dtype=torch.float32)
     words = torch.empty(64, dtype=torch.int64); done = torch.empty(8, dtype=torch.int32)
     tensors = (x, w, x, s) if op == "rms_norm" else (x, w, w, x, s, s)
-    meta = dict(HAS_WEIGHT=True, BLOCK_N=4096, ROUND_BF16=False, num_warps=4, SPLITS=16, SPLITS_P2=16)
+    meta = dict(HAS_WEIGHT=True, BLOCK_N=4096, ROUND_BF16=False, num_warps=4, SPLITS=16, SPLITS_P2=16, HOLD_W=hold)
     if op == "layer_norm":
         meta["HAS_BIAS"] = True
     ir = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), meta).asm["ttir"]
@@ -76,7 +78,7 @@ for op, fn in (("rms_norm", k.rms_norm_split_lag), ("layer_norm", k.layer_norm_s
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 4  # both ops, the weight (and bias) loaded each row or held
     for line in lines:
         carried = re.search(r"\) : \((.*?)\) ->", line).group(1)
         assert carried.count("tensor<4096xbf16>") == 2, line

@@ -40,7 +40,9 @@ class SplitRowsKernel(TritonKernel):
         return reason
 
     depth = SPLIT_DEPTH  # rows of x loaded ahead (settings.SPLIT_DEPTH)
-    hold_w = False  # the lagged kernels: weight and bias loaded once a program and held in registers
+    # The lagged kernels: weight and bias loaded once a program and held in registers (a probe
+    # option, docs/perf-notes.md item 52: RMSNorm bf16 131072 faster, LayerNorm slower).
+    hold_w = False
 
     def _meta(self, cfg: LaunchConfig) -> dict:
         return {}  # SPLITS (and DEPTH, for the kernel that takes it) come from the call, which knows N
