@@ -29,7 +29,7 @@ SHAPES = ((65536, 1024), (32768, 2048), (16384, 4096), (16384, 8192))
 VARIANT = {"rms_norm": "fragment", "layer_norm": "layer_norm_fwd"}
 # name -> backward_plan overrides; "v1-like" is the program in the 27152d6 plan's shape: 2 vectors
 # per thread, 32 rows per block, no prefetch, no launch bound (the old program itself was timed
-# against these at 2a25ea3: reports/h200/checks/60d1dbb-9c4da24/tilelang_bwd_probe-2a25ea3.txt).
+# against these at 2a25ea3: reports/h200/checks/60d1dbb-9c4da24/tilelang_bwd_probe-2a25ea3.txt@cb18d41).
 CANDIDATES = {
     "rule": {},
     "v1-like": dict(vectors=2, block_m=32, prefetch=False, min_blocks=1),
