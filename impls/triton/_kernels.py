@@ -412,6 +412,23 @@ def layer_norm_split(
 # rms_norm_split's: deterministic and batch invariant.
 
 
+@triton.jit
+def _held_columns(P, cols, cmask, HOLD: tl.constexpr):
+    """A program's columns of the weight (or bias) P, loaded once before its row loop when HOLD
+    (a program's columns never change), else zeros that nothing reads."""
+    if HOLD:
+        return tl.load(P + cols, mask=cmask, other=0.0)
+    return tl.zeros(cols.shape, dtype=P.dtype.element_ty)
+
+
+@triton.jit
+def _columns(P, cols, cmask, held, HOLD: tl.constexpr):
+    """The weight (or bias) columns in float32 for this row: the held ones, or loaded now."""
+    if HOLD:
+        return held.to(tl.float32)
+    return tl.load(P + cols, mask=cmask, other=0.0).to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["GROUPS"])
 def rms_norm_split_lag(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
@@ -423,8 +440,7 @@ def rms_norm_split_lag(
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)  # group < M
-    if HOLD_W and HAS_WEIGHT:  # a program's columns never change: weight loaded once, held
-        w_held = tl.load(W + cols, mask=cmask, other=0.0)
+    w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
@@ -442,10 +458,7 @@ def rms_norm_split_lag(
             rstd = tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)  # the same order in every program
             y = x_prev.to(tl.float32) * rstd
             if HAS_WEIGHT:
-                if HOLD_W:
-                    y = y * w_held.to(tl.float32)
-                else:
-                    y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+                y = y * _columns(W, cols, cmask, w_held, HOLD_W)
             prev = row - GROUPS
             _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
             if part == 0:
@@ -473,10 +486,8 @@ def layer_norm_split_lag(
     j = tl.arange(0, SPLITS_P2)
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)
-    if HOLD_W and HAS_WEIGHT:
-        w_held = tl.load(W + cols, mask=cmask, other=0.0)
-    if HOLD_W and HAS_BIAS:
-        b_held = tl.load(B + cols, mask=cmask, other=0.0)
+    w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
+    b_held = _held_columns(B, cols, cmask, HOLD_W and HAS_BIAS)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
@@ -501,15 +512,9 @@ def layer_norm_split_lag(
             d_prev = tl.where(cmask, x_prev.to(tl.float32) - m_prev, 0.0)
             y = (d_prev + (m_prev - mean)) * rstd
             if HAS_WEIGHT:
-                if HOLD_W:
-                    y = y * w_held.to(tl.float32)
-                else:
-                    y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+                y = y * _columns(W, cols, cmask, w_held, HOLD_W)
             if HAS_BIAS:
-                if HOLD_W:
-                    y = y + b_held.to(tl.float32)
-                else:
-                    y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+                y = y + _columns(B, cols, cmask, b_held, HOLD_W)
             prev = row - GROUPS
             _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
             if part == 0:
