@@ -27,6 +27,12 @@ from impls import registry
 from impls.base import UnsupportedCase, dtype_name, spec_of
 
 SAMPLE_ROWS = 8  # rows checked against float64 (the first ones; the last row too)
+NO_AFFINE = " no affine"  # a candidate label ending so is timed without weight and bias
+
+
+def affine_of(label: str, d) -> tuple:
+    """The (weight, bias) a candidate runs with: the case's, or none (NO_AFFINE)."""
+    return (None, None) if label.endswith(NO_AFFINE) else (d.weight, d.bias)
 
 
 def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, hold_w=False):
@@ -79,8 +85,8 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (1, "triton.split weight held", lambda: _triton_split(op, hold_w=True)),
         *[(1, f"triton.split {bn}x{w}w weight held", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, hold_w=True))
           for bn, w in ((2048, 4), (4096, 8))],
-        (1, "triton.split no affine", lambda: _triton_split(op)),
-        (1, f"{name} no affine", lambda: _tilelang_cluster(op)),
+        (1, "triton.split" + NO_AFFINE, lambda: _triton_split(op)),
+        (1, name + NO_AFFINE, lambda: _tilelang_cluster(op)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
         (2, "triton.split 8192x16w", lambda: _triton_split(op, 1, 8192, 16)),
         (3, "triton.split 2048x2w", lambda: _triton_split(op, 1, 2048, 2)),
@@ -201,10 +207,10 @@ def main(argv=None) -> int:
         for op in ops:
             for n in ns:
                 d = inputs_for(op, n)
-                spec = spec_of(op, d.x, "cuda", d.weight, d.bias)
                 for t, label, make in candidates(op):
                     if t <= args.tiers and label.startswith("tilelang"):
                         try:
+                            spec = spec_of(op, d.x, "cuda", *affine_of(label, d))
                             k = make()
                             if not k.unsupported(spec):
                                 plans.add(k.compile_key(spec))
@@ -227,8 +233,7 @@ def main(argv=None) -> int:
                     else:
                         try:
                             kernel = make()
-                            # A label ending in "no affine" times the kernel without weight and bias.
-                            w, b = (None, None) if label.endswith("no affine") else (d.weight, d.bias)
+                            w, b = affine_of(label, d)
                             spec = spec_of(op, x, "cuda", w, b)
                             why = kernel.unsupported(spec)
                             if why:
