@@ -3,24 +3,10 @@ TileLang candidate that tools/long_row_probe.py times compiles for sm_90, and th
 kernels (which need every program of a row resident at once) compile for sm_90 with the row they
 store carried in registers from one step to the next."""
 import pytest
-import torch
 
 import impls.triton as tri
-from impls.reference import reference
 
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _inputs(op, m, n, dtype, weight, bias, large_mean=False, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, n, generator=g, dtype=torch.float64)
-    if large_mean:
-        x = x + 1e4
-    w = (1 + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)) if weight else None
-    b = (0.1 * torch.randn(n, generator=g, dtype=torch.float64)) if (bias and op == "layer_norm") else None
-    to = lambda t: None if t is None else t.to(dtype).to(DEVICE)  # noqa: E731
-    return to(x), to(w), to(b)
 
 
 def test_tilelang_pipelined_compiles_for_sm90_without_spills():
