@@ -24,9 +24,11 @@ def load(path: Path) -> dict[str, list[dict]]:
     return tables
 
 
-def table(path: Path, name: str, key: tuple[str, ...], value: tuple[str, ...] | str, **where) -> dict:
+def table(path: Path, name: str, key: tuple[str, ...], value: tuple[str, ...] | str, optional: dict | None = None,
+          **where) -> dict:
     """Rows of table ``name`` as {key fields: value field(s)}, for the rows whose fields equal
-    ``where`` (a field given as None must be absent from the row)."""
+    ``where`` (a field given as None must be absent from the row). ``optional`` ({field: default})
+    appends fields a row may leave out to the value tuple."""
     out = {}
     for row in load(path)[name]:
         if any(row.get(field) != want for field, want in where.items()):
@@ -34,5 +36,8 @@ def table(path: Path, name: str, key: tuple[str, ...], value: tuple[str, ...] | 
         k = tuple(row[f] for f in key)
         if k in out:
             raise ValueError(f"{path.name}: [{name}] has two rows for {dict(zip(key, k))}")
-        out[k] = row[value] if isinstance(value, str) else tuple(row[f] for f in value)
+        if isinstance(value, str):
+            out[k] = row[value]
+        else:
+            out[k] = tuple(row[f] for f in value) + tuple(row.get(f, d) for f, d in (optional or {}).items())
     return out

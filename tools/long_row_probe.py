@@ -35,17 +35,19 @@ def affine_of(label: str, d) -> tuple:
     return (None, None) if label.endswith(NO_AFFINE) else (d.weight, d.bias)
 
 
-def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, hold_w=False):
-    from impls.triton.settings import LaunchConfig
+def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, **choices):
+    """triton.split with another launch setting: columns x warps, and the lagged kernels' load
+    choices (LaunchConfig's hold_w, x_cache, w_evict) over the setting's own."""
+    import dataclasses
 
     k = copy.copy(registry.get(op, "triton", "split"))
     k.__dict__.pop("_plans", None)  # the copy's own fast-path plans
     k.depth = depth
-    k.hold_w = hold_w
     if not lag:  # the kernel that waits for row i's partials before storing row i
         k.kernel_name = lambda n: k._kernel_name
-    if block_n:
-        k.config = lambda n, dtype, m=None: LaunchConfig(block_n=block_n, rows=1, num_warps=warps)
+    own = k.config
+    k.config = lambda n, dtype, m=None: dataclasses.replace(
+        own(n, dtype), **({"block_n": block_n, "num_warps": warps} if block_n else {}), **choices)
     return k
 
 
@@ -67,6 +69,14 @@ def _tilelang_pipelined(blocks_per_sm=1):
     return splitk_pipelined(blocks_per_sm)
 
 
+# The lagged split's load choices: its own; x past L1 (".cg"), which then keeps the weight and
+# bias that every row reads again; that with the weight marked to stay (L1::evict_last); and
+# the weight marked alone.
+LOAD_CHOICES = (("", {}), (" x .cg", {"x_cache": ".cg"}),
+                (" x .cg w evict_last", {"x_cache": ".cg", "w_evict": "evict_last"}),
+                (" w evict_last", {"w_evict": "evict_last"}))
+
+
 def candidates(op: str) -> list[tuple[int, str, object]]:
     """(tier, label, factory): the registered long-row kernels first, then other launch choices.
     Measured at 2bfae55 and dbe314e (docs/perf-notes.md item 44): the cluster kernels with
@@ -76,17 +86,15 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     and 6696c2b (item 51): the segment loaded by cp.async, the split's loads staged by Triton's
     pipeliner and a second row ahead in the lagged split were all slower (removed). At 585cb45
     (item 52): without weight and bias the kernels gain up to 22 points; the lagged split with
-    its weight held in registers led at RMSNorm bf16 131072 (92.7% against 85.8%)."""
+    its weight held in registers led at RMSNorm bf16 131072 (92.7% against 85.8%). Item 53:
+    x loaded past L1, the weight's eviction hint, and the weight held at 2048 columns x 4 warps."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
-        (1, "triton.split", lambda: _triton_split(op)),
-        *[(1, f"triton.split {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w)) for bn, w in ((2048, 4), (4096, 8))],
-        (1, "triton.split weight held", lambda: _triton_split(op, hold_w=True)),
-        *[(1, f"triton.split {bn}x{w}w weight held", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, hold_w=True))
-          for bn, w in ((2048, 4), (4096, 8))],
-        (1, "triton.split" + NO_AFFINE, lambda: _triton_split(op)),
-        (1, name + NO_AFFINE, lambda: _tilelang_cluster(op)),
+        *[(1, f"triton.split{label}", lambda c=c: _triton_split(op, **c)) for label, c in LOAD_CHOICES],
+        *[(1, f"triton.split 2048x4w{label}", lambda c=c: _triton_split(op, 1, 2048, 4, **c)) for label, c in LOAD_CHOICES],
+        (2, "triton.split" + NO_AFFINE, lambda: _triton_split(op)),
+        (2, name + NO_AFFINE, lambda: _tilelang_cluster(op)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
         (2, "triton.split 8192x16w", lambda: _triton_split(op, 1, 8192, 16)),
         (3, "triton.split 2048x2w", lambda: _triton_split(op, 1, 2048, 2)),
@@ -99,7 +107,12 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (3, f"{name} 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384)),
         (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
-    if op == "rms_norm":
+    if op == "rms_norm":  # the weight held in registers (LayerNorm's weight and bias held: slower, item 52)
+        c[2:2] = [(1, "triton.split weight held", lambda: _triton_split(op, hold_w=True)),
+                  (1, "triton.split weight held x .cg", lambda: _triton_split(op, hold_w=True, x_cache=".cg")),
+                  (1, "triton.split 2048x4w weight held", lambda: _triton_split(op, 1, 2048, 4, hold_w=True)),
+                  (1, "triton.split 2048x4w weight held x .cg",
+                   lambda: _triton_split(op, 1, 2048, 4, hold_w=True, x_cache=".cg"))]
         c.append((3, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))
         # impls/tilelang/_candidates.py: splitk's segments, two rows in flight per persistent block
         # (sm_90, bf16: 143 registers at 256 threads, one block an SM); not measured yet

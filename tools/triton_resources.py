@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import inspect
 import os
 import re
 import subprocess
@@ -61,7 +62,9 @@ def compile_sm90(fn, args: tuple, kwargs: dict):
     sig, consts, attrs = {}, {}, {}
     positional = iter(args)
     for i, param in enumerate(fn.params):
-        v = kwargs[param.name] if param.name in kwargs else next(positional)
+        v = kwargs[param.name] if param.name in kwargs else next(positional, param.default)
+        if v is inspect.Parameter.empty:
+            raise TypeError(f"{fn.__name__}: no value for {param.name}")
         if param.is_constexpr:
             sig[param.name], consts[param.name] = "constexpr", v
             continue

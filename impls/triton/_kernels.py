@@ -422,24 +422,25 @@ def _held_columns(P, cols, cmask, HOLD: tl.constexpr):
 
 
 @triton.jit
-def _columns(P, cols, cmask, held, HOLD: tl.constexpr):
-    """The weight (or bias) columns in float32 for this row: the held ones, or loaded now."""
+def _columns(P, cols, cmask, held, HOLD: tl.constexpr, W_EVICT: tl.constexpr):
+    """The weight (or bias) columns in float32 for this row: the held ones, or loaded now (with
+    the L1 eviction hint W_EVICT: every row of the program reads the same columns again)."""
     if HOLD:
         return held.to(tl.float32)
-    return tl.load(P + cols, mask=cmask, other=0.0).to(tl.float32)
+    return tl.load(P + cols, mask=cmask, other=0.0, eviction_policy=W_EVICT).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
 def rms_norm_split_lag(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-    ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False,
+    ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "", W_EVICT: tl.constexpr = "",
 ):
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
-    x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)  # group < M
+    x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0, cache_modifier=X_CACHE)  # group < M
     w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
@@ -450,15 +451,18 @@ def rms_norm_split_lag(
         x = x_cur.to(tl.float32)
         ss = tl.sum(x * x, axis=0)
         nxt = row + GROUPS
-        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
+                         cache_modifier=X_CACHE)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, ss, ss)
         if it > 0:
-            ss_j, _ = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
-            rstd = tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)  # the same order in every program
+            ss_j, ss_k = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
+            # Both words hold ss; reading both (the max of equal values) keeps Triton 3.6 from a
+            # layout pass that fails on the unused one (2048 columns x 4 warps at 128 programs a row).
+            rstd = tl.rsqrt(tl.sum(tl.maximum(ss_j, ss_k), axis=0) / N + eps)  # the same order in every program
             y = x_prev.to(tl.float32) * rstd
             if HAS_WEIGHT:
-                y = y * _columns(W, cols, cmask, w_held, HOLD_W)
+                y = y * _columns(W, cols, cmask, w_held, HOLD_W, W_EVICT)
             prev = row - GROUPS
             _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
             if part == 0:
@@ -474,7 +478,8 @@ def rms_norm_split_lag(
 def layer_norm_split_lag(
     X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False,
+    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "",
+    W_EVICT: tl.constexpr = "",
 ):
     # triton.split's statistics (each part's exact mean and centred M2, merged by Chan's
     # combination), lagged as rms_norm_split_lag.
@@ -485,7 +490,7 @@ def layer_norm_split_lag(
     n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
     j = tl.arange(0, SPLITS_P2)
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
-    x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0)
+    x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0, cache_modifier=X_CACHE)
     w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
     b_held = _held_columns(B, cols, cmask, HOLD_W and HAS_BIAS)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
@@ -500,7 +505,8 @@ def layer_norm_split_lag(
         d = tl.where(cmask, x - m_part, 0.0)
         m2_part = tl.sum(d * d, axis=0)
         nxt = row + GROUPS
-        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
+                         cache_modifier=X_CACHE)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
         if it > 0:
@@ -512,9 +518,9 @@ def layer_norm_split_lag(
             d_prev = tl.where(cmask, x_prev.to(tl.float32) - m_prev, 0.0)
             y = (d_prev + (m_prev - mean)) * rstd
             if HAS_WEIGHT:
-                y = y * _columns(W, cols, cmask, w_held, HOLD_W)
+                y = y * _columns(W, cols, cmask, w_held, HOLD_W, W_EVICT)
             if HAS_BIAS:
-                y = y + _columns(B, cols, cmask, b_held, HOLD_W)
+                y = y + _columns(B, cols, cmask, b_held, HOLD_W, W_EVICT)
             prev = row - GROUPS
             _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
             if part == 0:

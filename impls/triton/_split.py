@@ -40,9 +40,6 @@ class SplitRowsKernel(TritonKernel):
         return reason
 
     depth = SPLIT_DEPTH  # rows of x loaded ahead (settings.SPLIT_DEPTH)
-    # The lagged kernels: weight and bias loaded once a program and held in registers (a probe
-    # option, docs/perf-notes.md item 52: RMSNorm bf16 131072 faster, LayerNorm slower).
-    hold_w = False
 
     def _meta(self, cfg: LaunchConfig) -> dict:
         return {}  # SPLITS (and DEPTH, for the kernel that takes it) come from the call, which knows N
@@ -59,8 +56,9 @@ class SplitRowsKernel(TritonKernel):
         meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
         if name == self._kernel_name:
             meta["DEPTH"] = self.depth
-        elif self.hold_w:
-            meta["HOLD_W"] = True
+        else:  # the lagged kernels' load choices, where the setting makes one
+            meta.update({k: v for k, v in (("HOLD_W", cfg.hold_w), ("X_CACHE", cfg.x_cache), ("W_EVICT", cfg.w_evict))
+                         if v})
         words, done = _split_workspace(x.device)
         key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)

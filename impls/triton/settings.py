@@ -62,8 +62,11 @@ LOOPED_TUNED = tuned.table(TUNED_FILE, "looped", ("op", "bytes", "n"), ("block_n
 LOOPED_TUNED_FLOAT16 = tuned.table(TUNED_FILE, "looped", ("op", "n"), ("block_n", "rows", "warps"), dtype="float16")
 # looped: a cap on registers per thread for ptxas (compiled kernels only).
 LOOPED_MAXNREG = tuned.table(TUNED_FILE, "looped_maxnreg", ("op", "bytes", "n"), "maxnreg")
-# split: by N -> (columns per program, warps).
-SPLIT_TUNED = tuned.table(TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"))
+# split: by N -> (columns per program, warps, then the lagged kernels' load choices: weight held
+# in registers, x's load cache modifier, the weight's L1 eviction hint; LaunchConfig's defaults
+# where a row leaves them out).
+SPLIT_TUNED = tuned.table(TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"),
+                          optional={"hold_w": False, "x_cache": "", "w_evict": ""})
 
 
 def _dispatch_ranges() -> dict:
@@ -86,6 +89,12 @@ class LaunchConfig:
     w_first: bool = False  # rowwise: load weight and bias with x (a latency-bound grid)
     maxnreg: int | None = None  # a cap on registers per thread for ptxas (compiled kernels only)
     one_row: bool = False  # rowwise, one row per program: the 1-D kernel (rms_norm_row, layer_norm_row)
+    # The lagged split kernels (docs/perf-notes.md items 52-53): the weight held in registers
+    # across a program's rows; x loaded with this cache modifier (".cg": past L1, which then keeps
+    # the weight and bias every row reads again); the weight's and bias's L1 eviction hint.
+    hold_w: bool = False
+    x_cache: str = ""
+    w_evict: str = ""
 
 
 def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm", m: int | None = None) -> LaunchConfig:
@@ -134,7 +143,8 @@ def split_config(n: int, dtype: torch.dtype, op: str) -> LaunchConfig:
     (5120 -> 5 x 1024), widened while the row would need more than SPLIT_MAX programs."""
     setting = SPLIT_TUNED.get((op, dtype.itemsize, n))
     if setting:
-        return LaunchConfig(block_n=setting[0], rows=1, num_warps=setting[1])
+        block_n, warps, hold_w, x_cache, w_evict = setting
+        return LaunchConfig(block_n=block_n, rows=1, num_warps=warps, hold_w=hold_w, x_cache=x_cache, w_evict=w_evict)
     block_n = max(64, min(4096 if dtype.itemsize <= 2 else 8192, next_pow2(n)))  # 64: two full warps
     while block_n > 1024 and cdiv(n, block_n) * block_n - n > n // 16:
         block_n //= 2
