@@ -34,7 +34,8 @@ def test_lagged_split_carries_the_previous_row():
     the current row's, and read the current row in its place: on the H200 every row but each
     group's first came out scaled from the next row's x. Here, compiled for sm_90 (no GPU
     needed): the row loop carries two row tensors of x's dtype, the current and the previous,
-    with the weight (and bias) loaded each row and held from the start (HOLD_W)."""
+    with the weight (and bias) loaded each row and held from the start (HOLD_W). And the load
+    choices of the settings reach the PTX, at a shape Triton 3.6 once failed to compile."""
     import re
     import subprocess
     import sys
@@ -57,13 +58,26 @@ for (op, fn), hold in itertools.product((("rms_norm", k.rms_norm_split_lag), ("l
         meta["HAS_BIAS"] = True
     ir = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), meta).asm["ttir"]
     print(op, next(line for line in ir.splitlines() if "scf.while" in line and "bf16" in line))
+# The settings' load choices at 2048 columns x 4 warps, 128 programs a row (Triton 3.6 once
+# failed to compile RMSNorm there): the PTX's global load forms.
+import re
+from impls.triton.settings import SPLIT_W_EVICT, SPLIT_X_CACHE
+n = 262144
+x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
+s = torch.empty(2, dtype=torch.float32); words = torch.empty(64, dtype=torch.int64); done = torch.empty(8, dtype=torch.int32)
+meta = dict(HAS_WEIGHT=True, BLOCK_N=2048, ROUND_BF16=False, num_warps=4, SPLITS=128, SPLITS_P2=128,
+            X_CACHE=SPLIT_X_CACHE, W_EVICT=SPLIT_W_EVICT)
+ptx = compile_sm90(k.rms_norm_split_lag, (x, w, x, s, words, done, 2048, n, n, n, 1e-5, 132), meta).asm["ptx"]
+print("loads", " ".join(sorted(set(re.findall(r"ld\.global[\w.:]*", ptx)))))
 '''
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", script], cwd=root, env={**env, "PYTHONPATH": str(root)},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
+    *lines, loads = proc.stdout.strip().splitlines()
+    # x past L1, the weight kept in it (settings.SPLIT_X_CACHE, SPLIT_W_EVICT)
+    assert loads.split()[1:] == ["ld.global.L1::evict_last.L2::cache_hint.v4.b32", "ld.global.cg.v4.b32"], loads
     assert len(lines) == 4  # both ops, the weight (and bias) loaded each row or held
     for line in lines:
         carried = re.search(r"\) : \((.*?)\) ->", line).group(1)

@@ -55,3 +55,23 @@ def test_the_tables_hold_what_the_files_say():
     assert len(settings.LOOPED_TUNED) + len(settings.LOOPED_TUNED_FLOAT16) == len(rows["looped"])
     assert settings.DISPATCH[("rms_norm", 4)][-1] == (None, "split")  # up_to = 0: open-ended
     assert plan.TUNED[("fragment", 2, 8192)] == (64, None)  # min_blocks = 0: the rule's bound
+
+
+def test_optional_fields_take_their_defaults_where_a_row_leaves_them_out(tmp_path):
+    f = tmp_path / "tuned_z.toml"
+    f.write_text('split = [{op = "rms_norm", bytes = 4, n = 8, block_n = 8, warps = 1, source = "a.json@abcdef0"},\n'
+                 '  {op = "rms_norm", bytes = 4, n = 16, block_n = 8, warps = 1, hold_w = true, source = "a.json@abcdef0"}]\n')
+    got = tuned.table(f, "split", ("op", "bytes", "n"), ("block_n", "warps"), optional={"hold_w": False, "x_cache": ".cg"})
+    assert got == {("rms_norm", 4, 8): (8, 1, False, ".cg"), ("rms_norm", 4, 16): (8, 1, True, ".cg")}
+
+
+def test_the_split_settings_carry_the_lagged_kernels_load_choices():
+    import torch
+
+    from impls.triton import settings
+
+    held = settings.split_config(131072, torch.float32, "rms_norm")  # a row with hold_w = true
+    ruled = settings.split_config(100000, torch.bfloat16, "layer_norm")  # no row: the rule
+    for cfg in (held, ruled):
+        assert (cfg.x_cache, cfg.w_evict) == (settings.SPLIT_X_CACHE, settings.SPLIT_W_EVICT)
+    assert held.hold_w and not ruled.hold_w

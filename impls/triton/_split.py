@@ -56,9 +56,8 @@ class SplitRowsKernel(TritonKernel):
         meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
         if name == self._kernel_name:
             meta["DEPTH"] = self.depth
-        else:  # the lagged kernels' load choices, where the setting makes one
-            meta.update({k: v for k, v in (("HOLD_W", cfg.hold_w), ("X_CACHE", cfg.x_cache), ("W_EVICT", cfg.w_evict))
-                         if v})
+        else:  # the lagged kernels' load choices (settings.split_config)
+            meta.update(HOLD_W=cfg.hold_w, X_CACHE=cfg.x_cache, W_EVICT=cfg.w_evict)
         words, done = _split_workspace(x.device)
         key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)

@@ -65,8 +65,12 @@ LOOPED_MAXNREG = tuned.table(TUNED_FILE, "looped_maxnreg", ("op", "bytes", "n"),
 # split: by N -> (columns per program, warps, then the lagged kernels' load choices: weight held
 # in registers, x's load cache modifier, the weight's L1 eviction hint; LaunchConfig's defaults
 # where a row leaves them out).
+# The lagged kernels load x past L1 (".cg") and mark the weight and bias to stay there
+# ("evict_last"): every row of a program reads the same columns of them again, and x streaming
+# through L1 evicted them (docs/perf-notes.md item 53: up to 6 points at 65536-262144).
+SPLIT_X_CACHE, SPLIT_W_EVICT = ".cg", "evict_last"
 SPLIT_TUNED = tuned.table(TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"),
-                          optional={"hold_w": False, "x_cache": "", "w_evict": ""})
+                          optional={"hold_w": False, "x_cache": SPLIT_X_CACHE, "w_evict": SPLIT_W_EVICT})
 
 
 def _dispatch_ranges() -> dict:
@@ -152,7 +156,8 @@ def split_config(n: int, dtype: torch.dtype, op: str) -> LaunchConfig:
         block_n *= 2
     # At least 2 warps: Triton 3.6 failed to compile 1-2 warps at 32-64 programs a row, and 1
     # warp never measured fastest.
-    return LaunchConfig(block_n=block_n, rows=1, num_warps=max(2, _warps(block_n // (32 * SPLIT_PER_THREAD))))
+    return LaunchConfig(block_n=block_n, rows=1, num_warps=max(2, _warps(block_n // (32 * SPLIT_PER_THREAD))),
+                        x_cache=SPLIT_X_CACHE, w_evict=SPLIT_W_EVICT)
 
 
 def _warps(w: int) -> int:
