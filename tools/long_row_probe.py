@@ -63,18 +63,21 @@ def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8):
     return k
 
 
+def _tilelang_tma(op, segment_bytes=None, min_blocks=None):
+    from impls.tilelang._candidates import cluster_tma
+
+    return cluster_tma(op, segment_bytes, min_blocks)
+
+
 def _tilelang_pipelined(blocks_per_sm=1):
     from impls.tilelang._candidates import splitk_pipelined
 
     return splitk_pipelined(blocks_per_sm)
 
 
-# The lagged split's load choices: its own; x past L1 (".cg"), which then keeps the weight and
-# bias that every row reads again; that with the weight marked to stay (L1::evict_last); and
-# the weight marked alone.
-LOAD_CHOICES = (("", {}), (" x .cg", {"x_cache": ".cg"}),
-                (" x .cg w evict_last", {"x_cache": ".cg", "w_evict": "evict_last"}),
-                (" w evict_last", {"w_evict": "evict_last"}))
+# The lagged split's load choices against the settings' own (x past L1, the weight and bias
+# marked evict_last: settings.SPLIT_X_CACHE, SPLIT_W_EVICT): without either hint.
+LOAD_CHOICES = (("", {}), (" no load hints", {"x_cache": "", "w_evict": ""}))
 
 
 def candidates(op: str) -> list[tuple[int, str, object]]:
@@ -91,8 +94,10 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
+        (1, f"{name} TMA", lambda: _tilelang_tma(op)),
+        (1, f"{name} TMA 16KB segments", lambda: _tilelang_tma(op, segment_bytes=16384)),
+        (1, f"{name} TMA 6 blocks", lambda: _tilelang_tma(op, min_blocks=6)),
         *[(1, f"triton.split{label}", lambda c=c: _triton_split(op, **c)) for label, c in LOAD_CHOICES],
-        *[(1, f"triton.split 2048x4w{label}", lambda c=c: _triton_split(op, 1, 2048, 4, **c)) for label, c in LOAD_CHOICES],
         (2, "triton.split" + NO_AFFINE, lambda: _triton_split(op)),
         (2, name + NO_AFFINE, lambda: _tilelang_cluster(op)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
@@ -107,12 +112,11 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (3, f"{name} 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384)),
         (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
+    if op == "layer_norm":  # register caps: its 96 registers bound the programs an SM (item 46)
+        c[2:2] = [(1, f"triton.split maxnreg {r}", lambda r=r: _triton_split(op, maxnreg=r)) for r in (64, 80)]
     if op == "rms_norm":  # the weight held in registers (LayerNorm's weight and bias held: slower, item 52)
-        c[2:2] = [(1, "triton.split weight held", lambda: _triton_split(op, hold_w=True)),
-                  (1, "triton.split weight held x .cg", lambda: _triton_split(op, hold_w=True, x_cache=".cg")),
-                  (1, "triton.split 2048x4w weight held", lambda: _triton_split(op, 1, 2048, 4, hold_w=True)),
-                  (1, "triton.split 2048x4w weight held x .cg",
-                   lambda: _triton_split(op, 1, 2048, 4, hold_w=True, x_cache=".cg"))]
+        c[2:2] = [(1, f"triton.split weight {'loaded' if held else 'held'}", lambda held=held: _triton_split(
+            op, hold_w=not held)) for held in (True, False)]  # the other choice than the setting's
         c.append((3, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))
         # impls/tilelang/_candidates.py: splitk's segments, two rows in flight per persistent block
         # (sm_90, bf16: 143 registers at 256 threads, one block an SM); not measured yet

@@ -8,6 +8,9 @@ blocks, each carrying two rows: in one walk over the segments it scales and writ
 second read, from L2) and sums the squares of row r + G (its first read, from DRAM), so each
 block keeps the DRAM read and write streams going together and two rows in L2 whatever G. The
 per-row arithmetic and summation order are splitk's, so a row's bits never depend on M or G.
+
+``cluster_tma``: the cluster kernels (_long_programs) with each block's segment loaded by the
+tensor memory accelerator instead of its threads (_ClusterTMA).
 """
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
 import dataclasses
@@ -17,6 +20,7 @@ import torch
 from impls import fastpath
 from impls.tilelang import compiler
 from impls.tilelang._kernel import _dummy
+from impls.base import UnsupportedCase
 from impls.tilelang.plan import Plan, make_plan
 from impls.tilelang.rms_norm import TileLangRMSNormSplitK
 
@@ -116,6 +120,46 @@ class TileLangRMSNormSplitKPipelined(TileLangRMSNormSplitK):
             compiled.kernel(self._flat(x), w, self._flat(out.y), out.rstd, sxv, syv, float(eps), grid)
 
 
+class _ClusterTMA:
+    """The cluster kernel with its segment loaded by the tensor memory accelerator (TMA) rather
+    than by the threads: x goes from L2 into shared memory past registers and L1, so the bytes in
+    flight an SM are bounded by shared memory, not registers, and L1 keeps the weight and bias
+    that every row reads again. x is passed as M x N rows (the tensor map's shape) with 16-byte
+    aligned rows. Not registered: tools/long_row_probe.py makes one."""
+
+    native_replay = "a probe candidate: called through its Python path only"
+    segment_bytes = None  # cluster_plan's rule
+    min_blocks = None  # the plan's launch bound (blocks an SM), else cluster_plan's
+
+    def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int,
+                 m: int | None = None) -> Plan:
+        from impls.tilelang._long_plan import TMA, cluster_plan
+
+        if vec * dtype.itemsize != 16:
+            raise UnsupportedCase(f"{self.name} (TMA): rows must start 16-byte aligned (vector of {vec})")
+        if self.segment_bytes:
+            plan = cluster_plan(self.variant, dtype, n, has_weight, has_bias, vec, segment_bytes=self.segment_bytes)
+        else:
+            plan = super().plan_for(dtype, n, has_weight, has_bias, vec, m)
+        return dataclasses.replace(plan, variant=plan.variant + TMA, min_blocks=self.min_blocks or plan.min_blocks)
+
+    def fast_plan(self, x, x2, weight, bias, spec):
+        return fastpath.generic_plan(x, x2, self.outputs, self._forward)
+
+    def _flat_x(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # M x N: the tensor map's shape and row stride
+
+
+def cluster_tma(op: str, segment_bytes: int | None = None, min_blocks: int | None = None):
+    """The TMA form of tilelang.cluster (RMSNorm) or tilelang.layer_norm_cluster."""
+    from impls.tilelang.long_rows import TileLangLayerNormCluster, TileLangRMSNormCluster
+
+    base = TileLangRMSNormCluster if op == "rms_norm" else TileLangLayerNormCluster
+    k = type(base.__name__ + "TMA", (_ClusterTMA, base), {})()
+    k.segment_bytes, k.min_blocks = segment_bytes, min_blocks
+    return k
+
+
 def splitk_pipelined(blocks_per_sm: int = 1) -> TileLangRMSNormSplitKPipelined:
     k = TileLangRMSNormSplitKPipelined()
     k.blocks_per_sm = blocks_per_sm
@@ -133,4 +177,4 @@ def compile_offline(dtype: str, n: int, has_weight: bool = True) -> dict:
     return {"plan": plan.describe(), **compiler.ptxas_report(compiled).to_dict()}
 
 
-__all__ = ["splitk_pipelined", "compile_offline", "rms_norm_splitk_pipelined"]
+__all__ = ["splitk_pipelined", "cluster_tma", "compile_offline", "rms_norm_splitk_pipelined"]

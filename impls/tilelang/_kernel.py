@@ -182,6 +182,10 @@ class TileLangKernel(TileLangBackward, NormKernel):
         m, n = t.shape
         return t.as_strided(((m - 1) * t.stride(0) + n,), (1,))
 
+    def _flat_x(self, x: torch.Tensor) -> torch.Tensor:
+        """x as the kernel takes it: flat (the rows sxv vectors apart)."""
+        return self._flat(x)
+
     def _run(self, plan: Plan, x: torch.Tensor, weight, bias, eps: float, out: NormOutputs, with_bias: bool) -> None:
         compiled = compiler.compile_plan(plan)
         m = x.shape[0]
@@ -189,7 +193,7 @@ class TileLangKernel(TileLangBackward, NormKernel):
         sxv = x.stride(0) // vec if m > 1 else 0
         syv = out.y.stride(0) // vec if m > 1 else 0
         w = weight if weight is not None else _dummy(x.device, x.dtype)
-        args = [self._flat(x), w]
+        args = [self._flat_x(x), w]
         if with_bias:
             args.append(bias if bias is not None else _dummy(x.device, x.dtype))
         args.append(self._flat(out.y))

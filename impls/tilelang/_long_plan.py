@@ -13,6 +13,8 @@ from impls.gpu_limits import SM_REGISTERS, SM_SHARED, SM_THREADS
 from impls.tilelang.plan import Plan, max_vec
 
 CLUSTER_VARIANTS = ("cluster", "layer_norm_cluster")  # RMSNorm, LayerNorm
+# The suffix of the variants whose segment is loaded by the tensor memory accelerator (TMA).
+TMA = "_tma"
 # Portable cluster size on sm_90 (16 needs a non-portable launch attribute; measured no faster).
 MAX_CLUSTER = 8
 # The smallest cluster whose segments hold at most this many bytes of x (several blocks an SM);

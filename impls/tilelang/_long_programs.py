@@ -28,7 +28,9 @@ padded lanes read as zero and never stored).
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
 import tilelang.language as T
 
-from impls.tilelang._long_plan import cluster_size
+from tilelang.cuda.language import copy as cuda_copy
+
+from impls.tilelang._long_plan import TMA, cluster_size
 from impls.tilelang._programs import F32, _affine, _row_layout, _signature_sizes
 from impls.tilelang.plan import Plan
 
@@ -44,6 +46,34 @@ def _chunk_loop(chunks: int):
     return T.unroll(chunks) if chunks <= 16 else T.serial(chunks)
 
 
+def _x_param(plan: Plan, M, LX):
+    """x's parameter: flat (LX elements, rows sxv vectors apart), or for the TMA form (plan
+    variants ending TMA) the M x N rows with a run-time row stride, which the tensor map needs."""
+    if plan.variant.endswith(TMA):
+        return T.StridedTensor((M, plan.n), (T.dynamic("SX"), 1), plan.dtype)
+    return T.Tensor((LX,), plan.dtype)
+
+
+def _segment_loader(plan: Plan):
+    """A macro that loads the block's segment of row ``row`` into shared memory, columns from
+    ``base``: by the threads (padded lanes zero), or in the TMA form by the tensor memory
+    accelerator, whose out-of-bounds lanes read zero, straight into shared memory past registers
+    and L1."""
+    N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
+
+    if plan.variant.endswith(TMA):
+        @T.macro
+        def load(X, xs, row, base, sxv):
+            cuda_copy(X[row:row + 1, base:base + S], xs, prefer_instruction="tma")
+    else:
+        @T.macro
+        def load(X, xs, row, base, sxv):
+            for r, j in T.Parallel(1, S):
+                xs[r, j] = T.if_then_else(
+                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
+    return load
+
+
 def rms_norm_cluster(plan: Plan):
     """RMSNorm: each block's sum of squares, summed over the cluster in rank order."""
     N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
@@ -53,9 +83,11 @@ def rms_norm_cluster(plan: Plan):
     M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w = plan.has_weight
 
+    XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
+
     @T.prim_func
     def main(
-        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), Y: T.Tensor((LY,), dt),
+        X: XT, W: T.Tensor((NW,), dt), Y: T.Tensor((LY,), dt),
         RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
     ):
         with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
@@ -72,9 +104,7 @@ def rms_norm_cluster(plan: Plan):
             T.cluster_arrive()
             row = bx // C
             base = (bx % C) * S
-            for r, j in T.Parallel(1, S):
-                xs[r, j] = T.if_then_else(
-                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
+            load_segment(X, xs, row, base, sxv)
             for r, j in T.Parallel(1, K):
                 acc[r, j] = 0.0
             for c in _chunk_loop(chunks):
@@ -115,9 +145,11 @@ def layer_norm_cluster(plan: Plan):
     has_w, has_b = plan.has_weight, plan.has_bias
     last = N - (C - 1) * S  # columns of the last block; every other block has S
 
+    XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
+
     @T.prim_func
     def main(
-        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), B: T.Tensor((NB,), dt), Y: T.Tensor((LY,), dt),
+        X: XT, W: T.Tensor((NW,), dt), B: T.Tensor((NB,), dt), Y: T.Tensor((LY,), dt),
         MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
     ):
         with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
@@ -136,9 +168,7 @@ def layer_norm_cluster(plan: Plan):
             row = bx // C
             base = (bx % C) * S
             nb = T.if_then_else(bx % C == C - 1, last, S)
-            for r, j in T.Parallel(1, S):
-                xs[r, j] = T.if_then_else(
-                    base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
+            load_segment(X, xs, row, base, sxv)
             for r, j in T.Parallel(1, K):
                 acc[r, j] = 0.0
             for c in _chunk_loop(chunks):
@@ -180,4 +210,5 @@ def layer_norm_cluster(plan: Plan):
     return main
 
 
-BUILDERS = {"cluster": rms_norm_cluster, "layer_norm_cluster": layer_norm_cluster}
+BUILDERS = {"cluster": rms_norm_cluster, "layer_norm_cluster": layer_norm_cluster,
+            "cluster" + TMA: rms_norm_cluster, "layer_norm_cluster" + TMA: layer_norm_cluster}
