@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import time
 import traceback
 from pathlib import Path
@@ -94,14 +95,16 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
-        (1, f"{name} TMA", lambda: _tilelang_tma(op)),
-        (1, f"{name} TMA 16KB segments", lambda: _tilelang_tma(op, segment_bytes=16384)),
-        (1, f"{name} TMA 6 blocks", lambda: _tilelang_tma(op, min_blocks=6)),
+        (2, f"{name} TMA", lambda: _tilelang_tma(op)),
+        (2, f"{name} TMA 16KB segments", lambda: _tilelang_tma(op, segment_bytes=16384)),
+        (2, f"{name} TMA 6 blocks", lambda: _tilelang_tma(op, min_blocks=6)),
         *[(1, f"triton.split{label}", lambda c=c: _triton_split(op, **c)) for label, c in LOAD_CHOICES],
         (2, "triton.split" + NO_AFFINE, lambda: _triton_split(op)),
         (2, name + NO_AFFINE, lambda: _tilelang_cluster(op)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
         (2, "triton.split 8192x16w", lambda: _triton_split(op, 1, 8192, 16)),
+        *[(3, f"triton.split {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w))
+          for bn, w in ((1024, 2), (2048, 4), (4096, 8))],
         (3, "triton.split 2048x2w", lambda: _triton_split(op, 1, 2048, 2)),
         (3, "triton.split 4096x4w", lambda: _triton_split(op, 1, 4096, 4)),
         (3, "triton.split 8192x8w", lambda: _triton_split(op, 1, 8192, 8)),
@@ -112,8 +115,6 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (3, f"{name} 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384)),
         (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
-    if op == "layer_norm":  # register caps: its 96 registers bound the programs an SM (item 46)
-        c[2:2] = [(1, f"triton.split maxnreg {r}", lambda r=r: _triton_split(op, maxnreg=r)) for r in (64, 80)]
     if op == "rms_norm":  # the weight held in registers (LayerNorm's weight and bias held: slower, item 52)
         c[2:2] = [(1, f"triton.split weight {'loaded' if held else 'held'}", lambda held=held: _triton_split(
             op, hold_w=not held)) for held in (True, False)]  # the other choice than the setting's
@@ -191,6 +192,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=tuple(DTYPES))
     p.add_argument("--ns", default="65536,131072,262144")
     p.add_argument("--tiers", type=int, default=3)
+    p.add_argument("--only", default="", help="a regular expression: only the candidates whose label it matches")
     p.add_argument("--budget", type=float, default=110.0, help="seconds after which no candidate starts")
     p.add_argument("--bench-rows", action="store_true", help="the benchmark's M instead of x of about 1 GiB")
     p.add_argument("--jobs", type=int, default=0, help="compile the TileLang candidates first in this many "
@@ -225,7 +227,7 @@ def main(argv=None) -> int:
             for n in ns:
                 d = inputs_for(op, n)
                 for t, label, make in candidates(op):
-                    if t <= args.tiers and label.startswith("tilelang"):
+                    if t <= args.tiers and label.startswith("tilelang") and re.search(args.only, label):
                         try:
                             spec = spec_of(op, d.x, "cuda", *affine_of(label, d))
                             k = make()
@@ -242,7 +244,7 @@ def main(argv=None) -> int:
                 x, eps = d.x, d.eps
                 m = x.shape[0]
                 for t, label, make in candidates(op):
-                    if t != tier:
+                    if t != tier or not re.search(args.only, label):
                         continue
                     r = {"op": op, "n": n, "m": m, "kernel": label}
                     if time.perf_counter() - t0 > args.budget:
