@@ -75,3 +75,13 @@ def test_the_split_settings_carry_the_lagged_kernels_load_choices():
     for cfg in (held, ruled):
         assert (cfg.x_cache, cfg.w_evict) == (settings.SPLIT_X_CACHE, settings.SPLIT_W_EVICT)
     assert held.hold_w and not ruled.hold_w
+
+
+def test_no_split_row_needs_more_programs_a_row_than_the_rule_allows():
+    """Every program of a row must be resident at once: SPLIT_MAX (64) programs run on any GPU the
+    project targets, 128 would not on one of 114 SMs."""
+    from impls.gpu_limits import cdiv
+    from impls.triton import settings
+
+    too_many = {k: v for k, v in settings.SPLIT_TUNED.items() if cdiv(k[2], v[0]) > settings.SPLIT_MAX}
+    assert not too_many
