@@ -100,7 +100,8 @@ def _cores() -> int:
 
 def plan_workers(config) -> None:
     """Before xdist reads its options: choose the workers and pin each to a GPU."""
-    if not XDIST or hasattr(config, "workerinput"):  # a worker runs this hook too
+    # A worker runs this hook too; with -p no:xdist the plugin is installed but not loaded.
+    if not XDIST or hasattr(config, "workerinput") or not hasattr(config.option, "numprocesses"):
         return
     asked = config.option.numprocesses  # None unless -n was given
     if run.is_benchmark_run(config):

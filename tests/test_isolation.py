@@ -215,6 +215,13 @@ def test_benchmarks_refuse_xdist_workers():
     assert proc.returncode != 0 and "not xdist workers" in proc.stdout + proc.stderr
 
 
+def test_the_harness_runs_with_xdist_disabled():
+    """-p no:xdist leaves the plugin installed but unloaded: the harness runs in one process."""
+    proc, _ = harness("harness", "-p", "no:xdist", "--backend", "torch", "-k", "constant and rms_norm and float32",
+                      "--maxfail", "1")
+    assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 def test_cases_beyond_2_31_elements_share_one_heavy_lane():
     """With heavy lanes (workers pinned to GPUs), every case of HUGE_ELEMENTS or more goes to heavy
     lane 0, so at most one of them is held at a time; the other heavy cases avoid that lane."""

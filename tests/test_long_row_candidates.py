@@ -1,5 +1,5 @@
 """The long-row kernels that cannot be checked without a GPU, checked as far as a CPU goes: the
-TileLang candidate that tools/long_row_probe.py times compiles for sm_90, and the lagged split
+TileLang candidates that tools/long_row_probe.py times compile for sm_90, and the lagged split
 kernels (which need every program of a row resident at once) compile for sm_90 with the row they
 store carried in registers from one step to the next."""
 import pytest
@@ -9,10 +9,11 @@ import impls.triton as tri
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
 
 
-def test_tilelang_pipelined_compiles_for_sm90_without_spills():
-    """The TileLang candidate (impls/tilelang/_candidates.py) built for sm_90 with nvcc at the
-    probe's N, a padded N and float32: an sm_90 binary, registers within 255, no spills. It
-    cannot run here; the probe's checks on the GPU are its first run."""
+def test_tilelang_candidates_compile_for_sm90_without_spills():
+    """The TileLang candidates (impls/tilelang/_candidates.py) built for sm_90 with nvcc at the
+    probe's N, a padded N and float32: an sm_90 binary, registers within 255, no spills, and the
+    cluster kernels' TMA form loading by TMA. They cannot run here; the probe's checks on the GPU
+    are their first run."""
     from impls.tilelang import compiler
 
     tl, why = compiler.tilelang_module()
@@ -20,12 +21,15 @@ def test_tilelang_pipelined_compiles_for_sm90_without_spills():
         pytest.skip(why)
     if compiler.nvcc_path() is None:
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
-    from impls.tilelang._candidates import compile_offline
+    from impls.tilelang._candidates import cluster_tma, compile_offline
 
-    for dtype, n in (("bfloat16", 65536), ("bfloat16", 100000), ("float32", 262144)):
-        r = compile_offline(dtype, n)
+    builds = [(dtype, n, None) for dtype, n in (("bfloat16", 65536), ("bfloat16", 100000), ("float32", 262144))]
+    builds.append(("bfloat16", 100000, cluster_tma("layer_norm")))  # a padded row: the last segment's tail
+    for dtype, n, kernel in builds:
+        r = compile_offline(dtype, n, kernel=kernel)
         assert r["sass_arch"] == "sm_90" and r["registers"] is not None and r["registers"] <= 255, r
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert r["tma"] == (kernel is not None), r  # the cluster candidates load their segment by TMA
 
 
 def test_lagged_split_carries_the_previous_row():

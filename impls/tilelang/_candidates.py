@@ -166,15 +166,18 @@ def splitk_pipelined(blocks_per_sm: int = 1) -> TileLangRMSNormSplitKPipelined:
     return k
 
 
-def compile_offline(dtype: str, n: int, has_weight: bool = True) -> dict:
-    """Compile the candidate for sm_90 and return its ptxas numbers (registers, spills)."""
+def compile_offline(dtype: str, n: int, has_weight: bool = True, kernel=None) -> dict:
+    """Compile a candidate (default: splitk_pipelined) for sm_90 and return its ptxas numbers
+    (registers, spills) and whether its source loads by TMA."""
     from impls.tilelang.plan import choose_vec
 
     dt = getattr(torch, dtype)
     _register_builder()
-    plan = splitk_pipelined().plan_for(dt, n, has_weight, False, choose_vec(dt, n))
+    kernel = kernel or splitk_pipelined()
+    plan = kernel.plan_for(dt, n, has_weight, has_weight and kernel.op == "layer_norm", choose_vec(dt, n))
     compiled = compiler.compile_plan(plan, compiler.SM90)
-    return {"plan": plan.describe(), **compiler.ptxas_report(compiled).to_dict()}
+    return {"plan": plan.describe(), "tma": "tma_load(" in compiled.source(),
+            **compiler.ptxas_report(compiled).to_dict()}
 
 
 __all__ = ["splitk_pipelined", "cluster_tma", "compile_offline", "rms_norm_splitk_pipelined"]
