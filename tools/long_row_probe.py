@@ -90,8 +90,10 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     and 6696c2b (item 51): the segment loaded by cp.async, the split's loads staged by Triton's
     pipeliner and a second row ahead in the lagged split were all slower (removed). At 585cb45
     (item 52): without weight and bias the kernels gain up to 22 points; the lagged split with
-    its weight held in registers led at RMSNorm bf16 131072 (92.7% against 85.8%). Item 53:
-    x loaded past L1, the weight's eviction hint, and the weight held at 2048 columns x 4 warps."""
+    its weight held in registers led at RMSNorm bf16 131072 (92.7% against 85.8%; not repeated
+    at 444e9ee). At 444e9ee-73545c4 (item 53): x past L1 with the weight kept in it gained up to
+    6.5 points (now the settings'), the weight held led for float32 RMSNorm only, and the TMA
+    segments and LayerNorm register caps (maxnreg 64, 80: 18-77%) were slower."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),

@@ -18,9 +18,9 @@ import dataclasses
 import torch
 
 from impls import fastpath
+from impls.base import UnsupportedCase
 from impls.tilelang import compiler
 from impls.tilelang._kernel import _dummy
-from impls.base import UnsupportedCase
 from impls.tilelang.plan import Plan, make_plan
 from impls.tilelang.rms_norm import TileLangRMSNormSplitK
 

@@ -23,6 +23,10 @@ write to it.
 
 Conventions otherwise as in _programs (flat x and y, strides in units of vec, M symbolic,
 padded lanes read as zero and never stored).
+
+The TMA form (plan variants ending _long_plan.TMA; a probe candidate, _candidates.cluster_tma)
+takes x as M x N rows and loads each segment with the tensor memory accelerator, straight into
+shared memory (docs/perf-notes.md item 53: correct, and slower at the rule's launch bound).
 """
 
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.

@@ -440,7 +440,8 @@ def rms_norm_split_lag(
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
-    x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0, cache_modifier=X_CACHE)  # group < M
+    x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0,
+                    cache_modifier=X_CACHE)  # group < M
     w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).

@@ -62,13 +62,13 @@ LOOPED_TUNED = tuned.table(TUNED_FILE, "looped", ("op", "bytes", "n"), ("block_n
 LOOPED_TUNED_FLOAT16 = tuned.table(TUNED_FILE, "looped", ("op", "n"), ("block_n", "rows", "warps"), dtype="float16")
 # looped: a cap on registers per thread for ptxas (compiled kernels only).
 LOOPED_MAXNREG = tuned.table(TUNED_FILE, "looped_maxnreg", ("op", "bytes", "n"), "maxnreg")
-# split: by N -> (columns per program, warps, then the lagged kernels' load choices: weight held
-# in registers, x's load cache modifier, the weight's L1 eviction hint; LaunchConfig's defaults
-# where a row leaves them out).
 # The lagged kernels load x past L1 (".cg") and mark the weight and bias to stay there
 # ("evict_last"): every row of a program reads the same columns of them again, and x streaming
-# through L1 evicted them (docs/perf-notes.md item 53: up to 6 points at 65536-262144).
+# through L1 evicted them (docs/perf-notes.md item 53: up to 6.5 points at 65536-262144).
 SPLIT_X_CACHE, SPLIT_W_EVICT = ".cg", "evict_last"
+# split: by N -> (columns per program, warps, then the lagged kernels' load choices: the weight
+# held in registers, x's cache modifier, the weight's L1 eviction hint; the defaults above where
+# a row leaves them out).
 SPLIT_TUNED = tuned.table(TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"),
                           optional={"hold_w": False, "x_cache": SPLIT_X_CACHE, "w_evict": SPLIT_W_EVICT})
 
