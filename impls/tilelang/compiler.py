@@ -218,9 +218,10 @@ _DYN_SMEM = re.compile(r"\[(\d+)\]\.v_int64\) = \(\(int64_t\)(\d+)\);")
 
 def dynamic_smem(host_source: str) -> int | None:
     """The dynamic shared memory TileLang launches the kernel with: the last constant of the
-    launch arguments (grid, block, then dynamic shared memory bytes) in the host source."""
-    found = [(int(i), int(v)) for i, v in _DYN_SMEM.findall(host_source)]
-    return max(found)[1] if found else None
+    launch arguments (grid, block, then dynamic shared memory bytes), the last call of the host
+    source (a TMA kernel's tensor-map arguments come before it, at higher argument indices)."""
+    found = _DYN_SMEM.findall(host_source)
+    return int(found[-1][1]) if found else None
 
 
 def _cache_dir() -> Path:
