@@ -84,5 +84,5 @@ def test_no_split_row_needs_more_programs_a_row_than_the_rule_allows():
     from impls.gpu_limits import cdiv
     from impls.triton import settings
 
-    too_many = {k: v for k, v in settings.SPLIT_TUNED.items() if cdiv(k[2], v[0]) > settings.SPLIT_MAX}
+    too_many = {k: v for k, v in settings.SPLIT_TUNED.items() if cdiv(k[2], v.block_n) > settings.SPLIT_MAX}
     assert not too_many

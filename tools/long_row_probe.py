@@ -118,8 +118,8 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
     if op == "rms_norm":  # the weight held in registers (LayerNorm's weight and bias held: slower, item 52)
-        c[2:2] = [(1, f"triton.split weight {'loaded' if held else 'held'}", lambda held=held: _triton_split(
-            op, hold_w=not held)) for held in (True, False)]  # the other choice than the setting's
+        c[2:2] = [(1, "triton.split weight held", lambda: _triton_split(op, hold_w=True)),
+                  (1, "triton.split weight loaded", lambda: _triton_split(op, hold_w=False))]
         c.append((3, "tilelang.splitk", lambda: registry.get(op, "tilelang", "splitk")))
         # impls/tilelang/_candidates.py: splitk's segments, two rows in flight per persistent block
         # (sm_90, bf16: 143 registers at 256 threads, one block an SM); not measured yet

@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import json
 import inspect
+import json
 import os
 import re
 import subprocess

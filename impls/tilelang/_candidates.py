@@ -21,6 +21,7 @@ from impls import fastpath
 from impls.base import UnsupportedCase
 from impls.tilelang import compiler
 from impls.tilelang._kernel import _dummy
+from impls.tilelang._long_plan import TMA, cluster_plan
 from impls.tilelang.plan import Plan, make_plan
 from impls.tilelang.rms_norm import TileLangRMSNormSplitK
 
@@ -133,8 +134,6 @@ class _ClusterTMA:
 
     def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int,
                  m: int | None = None) -> Plan:
-        from impls.tilelang._long_plan import TMA, cluster_plan
-
         if vec * dtype.itemsize != 16:
             raise UnsupportedCase(f"{self.name} (TMA): rows must start 16-byte aligned (vector of {vec})")
         if self.segment_bytes:

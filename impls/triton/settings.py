@@ -66,11 +66,9 @@ LOOPED_MAXNREG = tuned.table(TUNED_FILE, "looped_maxnreg", ("op", "bytes", "n"),
 # ("evict_last"): every row of a program reads the same columns of them again, and x streaming
 # through L1 evicted them (docs/perf-notes.md item 53: up to 6.5 points at 65536-262144).
 SPLIT_X_CACHE, SPLIT_W_EVICT = ".cg", "evict_last"
-# split: by N -> (columns per program, warps, then the lagged kernels' load choices: the weight
-# held in registers, x's cache modifier, the weight's L1 eviction hint; the defaults above where
-# a row leaves them out).
-SPLIT_TUNED = tuned.table(TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"),
-                          optional={"hold_w": False, "x_cache": SPLIT_X_CACHE, "w_evict": SPLIT_W_EVICT})
+# split: by N -> the launch setting: columns per program, warps, and the lagged kernels' load
+# choices (the weight held in registers, x's cache modifier, the weight's L1 eviction hint; the
+# defaults above where a row leaves them out). Built below LaunchConfig.
 
 
 def _dispatch_ranges() -> dict:
@@ -99,6 +97,13 @@ class LaunchConfig:
     hold_w: bool = False
     x_cache: str = ""
     w_evict: str = ""
+
+
+SPLIT_TUNED = {key: LaunchConfig(block_n=block_n, rows=1, num_warps=warps, hold_w=hold_w, x_cache=x_cache,
+                                 w_evict=w_evict)
+               for key, (block_n, warps, hold_w, x_cache, w_evict) in tuned.table(
+                   TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"),
+                   optional={"hold_w": False, "x_cache": SPLIT_X_CACHE, "w_evict": SPLIT_W_EVICT}).items()}
 
 
 def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm", m: int | None = None) -> LaunchConfig:
@@ -147,8 +152,7 @@ def split_config(n: int, dtype: torch.dtype, op: str) -> LaunchConfig:
     (5120 -> 5 x 1024), widened while the row would need more than SPLIT_MAX programs."""
     setting = SPLIT_TUNED.get((op, dtype.itemsize, n))
     if setting:
-        block_n, warps, hold_w, x_cache, w_evict = setting
-        return LaunchConfig(block_n=block_n, rows=1, num_warps=warps, hold_w=hold_w, x_cache=x_cache, w_evict=w_evict)
+        return setting
     block_n = max(64, min(4096 if dtype.itemsize <= 2 else 8192, next_pow2(n)))  # 64: two full warps
     while block_n > 1024 and cdiv(n, block_n) * block_n - n > n // 16:
         block_n //= 2
