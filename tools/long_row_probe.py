@@ -101,6 +101,9 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (2, f"{name} TMA 16KB segments", lambda: _tilelang_tma(op, segment_bytes=16384)),
         (2, f"{name} TMA 6 blocks", lambda: _tilelang_tma(op, min_blocks=6)),
         *[(1, f"triton.split{label}", lambda c=c: _triton_split(op, **c)) for label, c in LOAD_CHOICES],
+        (1, "triton.split next first", lambda: _triton_split(op, next_first=True)),
+        *[(2, f"triton.split next first {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, next_first=True))
+          for bn, w in ((1024, 2), (2048, 2), (2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16))],
         (2, "triton.split" + NO_AFFINE, lambda: _triton_split(op)),
         (2, name + NO_AFFINE, lambda: _tilelang_cluster(op)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),

@@ -435,6 +435,7 @@ def rms_norm_split_lag(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
     ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "", W_EVICT: tl.constexpr = "",
+    NEXT_FIRST: tl.constexpr = False,
 ):
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
@@ -449,11 +450,15 @@ def rms_norm_split_lag(
     it = 0
     row = group
     while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
+        nxt = row + GROUPS
+        if NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
+            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
+                             cache_modifier=X_CACHE)
         x = x_cur.to(tl.float32)
         ss = tl.sum(x * x, axis=0)
-        nxt = row + GROUPS
-        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
-                         cache_modifier=X_CACHE)
+        if not NEXT_FIRST:
+            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
+                             cache_modifier=X_CACHE)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, ss, ss)
         if it > 0:
@@ -480,7 +485,7 @@ def layer_norm_split_lag(
     X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "",
-    W_EVICT: tl.constexpr = "",
+    W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = False,
 ):
     # triton.split's statistics (each part's exact mean and centred M2, merged by Chan's
     # combination), lagged as rms_norm_split_lag.
@@ -501,13 +506,17 @@ def layer_norm_split_lag(
     it = 0
     row = group
     while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
+        nxt = row + GROUPS
+        if NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
+            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
+                             cache_modifier=X_CACHE)
         x = x_cur.to(tl.float32)
         m_part = tl.sum(x, axis=0) / n_part
         d = tl.where(cmask, x - m_part, 0.0)
         m2_part = tl.sum(d * d, axis=0)
-        nxt = row + GROUPS
-        x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
-                         cache_modifier=X_CACHE)
+        if not NEXT_FIRST:
+            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
+                             cache_modifier=X_CACHE)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
         if it > 0:

@@ -66,6 +66,9 @@ LOOPED_MAXNREG = tuned.table(TUNED_FILE, "looped_maxnreg", ("op", "bytes", "n"),
 # ("evict_last"): every row of a program reads the same columns of them again, and x streaming
 # through L1 evicted them (docs/perf-notes.md item 53: up to 6.5 points at 65536-262144).
 SPLIT_X_CACHE, SPLIT_W_EVICT = ".cg", "evict_last"
+# Whether the lagged kernels issue row i + 1's load before row i's reductions (in flight across
+# them) or after: under probe (tools/long_row_probe.py).
+SPLIT_NEXT_FIRST = False
 # split: by N -> the launch setting: columns per program, warps, and the lagged kernels' load
 # choices (the weight held in registers, x's cache modifier, the weight's L1 eviction hint; the
 # defaults above where a row leaves them out). Built below LaunchConfig.
@@ -97,13 +100,16 @@ class LaunchConfig:
     hold_w: bool = False
     x_cache: str = ""
     w_evict: str = ""
+    # ... and the next row's load issued before this row's reductions, not after them.
+    next_first: bool = False
 
 
 SPLIT_TUNED = {key: LaunchConfig(block_n=block_n, rows=1, num_warps=warps, hold_w=hold_w, x_cache=x_cache,
-                                 w_evict=w_evict)
-               for key, (block_n, warps, hold_w, x_cache, w_evict) in tuned.table(
+                                 w_evict=w_evict, next_first=next_first)
+               for key, (block_n, warps, hold_w, x_cache, w_evict, next_first) in tuned.table(
                    TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"),
-                   optional={"hold_w": False, "x_cache": SPLIT_X_CACHE, "w_evict": SPLIT_W_EVICT}).items()}
+                   optional={"hold_w": False, "x_cache": SPLIT_X_CACHE, "w_evict": SPLIT_W_EVICT,
+                             "next_first": SPLIT_NEXT_FIRST}).items()}
 
 
 def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm", m: int | None = None) -> LaunchConfig:
@@ -161,7 +167,7 @@ def split_config(n: int, dtype: torch.dtype, op: str) -> LaunchConfig:
     # At least 2 warps: Triton 3.6 failed to compile 1-2 warps at 32-64 programs a row, and 1
     # warp never measured fastest.
     return LaunchConfig(block_n=block_n, rows=1, num_warps=max(2, _warps(block_n // (32 * SPLIT_PER_THREAD))),
-                        x_cache=SPLIT_X_CACHE, w_evict=SPLIT_W_EVICT)
+                        x_cache=SPLIT_X_CACHE, w_evict=SPLIT_W_EVICT, next_first=SPLIT_NEXT_FIRST)
 
 
 def _warps(w: int) -> int:
