@@ -102,8 +102,13 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (2, f"{name} TMA 6 blocks", lambda: _tilelang_tma(op, min_blocks=6)),
         *[(1, f"triton.split{label}", lambda c=c: _triton_split(op, **c)) for label, c in LOAD_CHOICES],
         (1, "triton.split next first", lambda: _triton_split(op, next_first=True)),
+        (1, "triton.split next after", lambda: _triton_split(op, next_first=False)),
         *[(2, f"triton.split next first {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, next_first=True))
           for bn, w in ((1024, 2), (2048, 2), (2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16))],
+        # register caps on the next-first kernel (LayerNorm bf16: 128 registers, spill-free at 112, 8 bytes at 96)
+        *[(2, f"triton.split maxnreg {cap}", lambda cap=cap: _triton_split(op, maxnreg=cap)) for cap in (96, 112)],
+        *[(2, f"triton.split maxnreg {cap} {bn}x{w}w", lambda cap=cap, bn=bn, w=w: _triton_split(op, 1, bn, w, maxnreg=cap))
+          for cap, bn, w in ((96, 2048, 2), (112, 2048, 2), (96, 4096, 4))],
         (2, "triton.split" + NO_AFFINE, lambda: _triton_split(op)),
         (2, name + NO_AFFINE, lambda: _tilelang_cluster(op)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),

@@ -66,9 +66,10 @@ LOOPED_MAXNREG = tuned.table(TUNED_FILE, "looped_maxnreg", ("op", "bytes", "n"),
 # ("evict_last"): every row of a program reads the same columns of them again, and x streaming
 # through L1 evicted them (docs/perf-notes.md item 53: up to 6.5 points at 65536-262144).
 SPLIT_X_CACHE, SPLIT_W_EVICT = ".cg", "evict_last"
-# Whether the lagged kernels issue row i + 1's load before row i's reductions (in flight across
-# them) or after: under probe (tools/long_row_probe.py).
-SPLIT_NEXT_FIRST = False
+# By op: whether the lagged kernels issue row i + 1's load before row i's reductions, in flight
+# across them, or after (docs/perf-notes.md item 54: LayerNorm's two reductions gained 1-7 points
+# with it; RMSNorm's one, same registers, was even within the probe's noise).
+SPLIT_NEXT_FIRST = {"rms_norm": False, "layer_norm": True}
 # split: by N -> the launch setting: columns per program, warps, and the lagged kernels' load
 # choices (the weight held in registers, x's cache modifier, the weight's L1 eviction hint; the
 # defaults above where a row leaves them out). Built below LaunchConfig.
@@ -105,11 +106,12 @@ class LaunchConfig:
 
 
 SPLIT_TUNED = {key: LaunchConfig(block_n=block_n, rows=1, num_warps=warps, hold_w=hold_w, x_cache=x_cache,
-                                 w_evict=w_evict, next_first=next_first)
+                                 w_evict=w_evict,
+                                 next_first=SPLIT_NEXT_FIRST[key[0]] if next_first is None else next_first)
                for key, (block_n, warps, hold_w, x_cache, w_evict, next_first) in tuned.table(
                    TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"),
                    optional={"hold_w": False, "x_cache": SPLIT_X_CACHE, "w_evict": SPLIT_W_EVICT,
-                             "next_first": SPLIT_NEXT_FIRST}).items()}
+                             "next_first": None}).items()}
 
 
 def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm", m: int | None = None) -> LaunchConfig:
@@ -167,7 +169,7 @@ def split_config(n: int, dtype: torch.dtype, op: str) -> LaunchConfig:
     # At least 2 warps: Triton 3.6 failed to compile 1-2 warps at 32-64 programs a row, and 1
     # warp never measured fastest.
     return LaunchConfig(block_n=block_n, rows=1, num_warps=max(2, _warps(block_n // (32 * SPLIT_PER_THREAD))),
-                        x_cache=SPLIT_X_CACHE, w_evict=SPLIT_W_EVICT, next_first=SPLIT_NEXT_FIRST)
+                        x_cache=SPLIT_X_CACHE, w_evict=SPLIT_W_EVICT, next_first=SPLIT_NEXT_FIRST[op])
 
 
 def _warps(w: int) -> int:
