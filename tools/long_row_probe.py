@@ -125,6 +125,9 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (3, f"{name} 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384)),
         (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
+    if op == "layer_norm":  # weight and bias held, at widths of 16 columns a thread (item 54)
+        c += [(2, f"triton.split weight held {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, hold_w=True))
+              for bn, w in ((1024, 2), (2048, 4), (4096, 8))]
     if op == "rms_norm":  # the weight held in registers (LayerNorm's weight and bias held: slower, item 52)
         c[2:2] = [(1, "triton.split weight held", lambda: _triton_split(op, hold_w=True)),
                   (1, "triton.split weight loaded", lambda: _triton_split(op, hold_w=False))]

@@ -502,7 +502,6 @@ def layer_norm_split_lag(
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
-    m_prev = 0.0
     it = 0
     row = group
     while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
@@ -525,8 +524,7 @@ def layer_norm_split_lag(
             dm = m_j - mean
             var = (tl.sum(m2_j, axis=0) + tl.sum(n_j * dm * dm, axis=0)) / N
             rstd = tl.rsqrt(var + eps)
-            d_prev = tl.where(cmask, x_prev.to(tl.float32) - m_prev, 0.0)
-            y = (d_prev + (m_prev - mean)) * rstd
+            y = (x_prev.to(tl.float32) - mean) * rstd
             if HAS_WEIGHT:
                 y = y * _columns(W, cols, cmask, w_held, HOLD_W, W_EVICT)
             if HAS_BIAS:
@@ -538,7 +536,6 @@ def layer_norm_split_lag(
                 tl.store(RSTD + prev, rstd)
         x_prev = x_cur
         x_cur = x_next
-        m_prev = m_part
         it += 1
         row += GROUPS
     _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)
