@@ -21,6 +21,53 @@ def test_extension_builds():
         assert "libcuda" in mod.driver_error() or mod.driver_error() == ""
 
 
+def test_a_build_lock_left_by_a_dead_process_is_removed(tmp_path):
+    """torch waits for as long as a build's lock file exists; one left by a process that died
+    mid-build is removed once stale, and a live build's lock is waited for."""
+    import os
+    import threading
+    import time
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = time.time() - 2 * native.STALE_LOCK_S
+    os.utime(lock, (old, old))
+    native._wait_for_lock(lock)
+    assert not lock.exists()
+    lock.touch()  # a live build's: waited for until it goes
+    threading.Timer(0.3, lock.unlink).start()
+    t0 = time.perf_counter()
+    native._wait_for_lock(lock, poll_s=0.05)
+    assert 0.25 < time.perf_counter() - t0 < native.STALE_LOCK_S
+
+
+def test_a_process_waits_for_its_build_at_exit(tmp_path):
+    """The build runs in a daemon thread; a process that exits meanwhile waits for it, so torch's
+    build lock is released rather than left behind for every later build to wait on."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    marker = tmp_path / "built"
+    script = (
+        "import sys, time, pathlib\n"
+        "from impls import native\n"
+        "def build():\n"
+        "    time.sleep(1.5)\n"
+        "    pathlib.Path(sys.argv[1]).write_text('done')\n"
+        "    raise RuntimeError('a stand-in build')\n"
+        "native._build = build\n"
+        "native.module()\n"  # starts the build thread, then the process exits
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "NORMDIFF_NATIVE"}
+    proc = subprocess.run([sys.executable, "-c", script, str(marker)], cwd=root, env={**env, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert marker.exists(), "the process exited before its build finished"
+
+
 def test_off_on_cpu_tensors():
     """CPU calls never record (nothing to replay) and keep working."""
     k = registry.get("rms_norm", "torch", "eager")

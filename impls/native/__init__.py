@@ -24,9 +24,11 @@ NORMDIFF_NATIVE=0 turns the path off.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import struct
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -47,11 +49,45 @@ _refusals: dict[str, str] = {}  # kernel name -> why its last recording was refu
 _waiting: "weakref.WeakSet" = weakref.WeakSet()
 
 
+# torch's cpp_extension guards a build with a lock file in its build directory and waits for as
+# long as that file exists. A process that exits while its build thread (a daemon) is still
+# building leaves the file behind, and every later build used to wait forever (a short script, then
+# `python -m impls.native`, hung). So a process waits for its own build at exit (up to
+# EXIT_WAIT_S), and a lock older than STALE_LOCK_S, which no live build holds, is removed.
+EXIT_WAIT_S = 120.0
+STALE_LOCK_S = 300.0  # a build takes about half a minute
+
+
 def _build():
     from torch.utils import cpp_extension
 
     # torch's extensions directory names the Python and CUDA build; load() rebuilds on a change of source.
-    return cpp_extension.load(name="normdiff_native", sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False)
+    build_dir = cpp_extension._get_build_directory("normdiff_native", verbose=False)
+    _wait_for_lock(Path(build_dir) / "lock")
+    return cpp_extension.load(name="normdiff_native", sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False,
+                              build_directory=build_dir)
+
+
+def _wait_for_lock(lock: Path, stale_s: float = STALE_LOCK_S, poll_s: float = 0.5) -> None:
+    """Return once ``lock`` is gone: released by the build that holds it, or removed here once it
+    is older than ``stale_s`` (left by a process that died mid-build)."""
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > stale_s:
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(poll_s)
+
+
+@atexit.register
+def _finish_build_at_exit() -> None:
+    """Let a running build finish, so that it releases its lock (see EXIT_WAIT_S)."""
+    thread = _state["thread"]
+    if thread is not None and thread.is_alive():
+        thread.join(EXIT_WAIT_S)
 
 
 def _build_in_background() -> None:
