@@ -41,12 +41,17 @@ def test_lagged_split_carries_the_previous_row():
     group's first came out scaled from the next row's x. Here, compiled for sm_90 (no GPU
     needed): the row loop carries two row tensors of x's dtype, the current and the previous,
     with the weight (and bias) loaded each row and held from the start (HOLD_W). And the load
-    choices of the settings reach the PTX, at a shape Triton 3.6 once failed to compile."""
+    choices of the settings reach the PTX, at a shape Triton 3.6 once failed to compile, and
+    NEXT_FIRST puts the next row's load before this row's reductions."""
     import re
     import subprocess
     import sys
     import os
     from pathlib import Path
+
+    import torch
+
+    from impls.triton import settings
 
     script = r'''
 import itertools, triton, torch
@@ -75,13 +80,26 @@ meta = dict(HAS_WEIGHT=True, BLOCK_N=2048, ROUND_BF16=False, num_warps=4, SPLITS
             X_CACHE=SPLIT_X_CACHE, W_EVICT=SPLIT_W_EVICT)
 ptx = compile_sm90(k.rms_norm_split_lag, (x, w, x, s, words, done, 2048, n, n, n, 1e-5, 132), meta).asm["ptx"]
 print("loads", " ".join(sorted(set(re.findall(r"ld\.global[\w.:]*", ptx)))))
+# NEXT_FIRST (settings.SPLIT_NEXT_FIRST): the loop's load of the next row before the first
+# barrier of this row's reductions, else after them. Printed: x loads before the first barrier, of all.
+n = 65536
+x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
+for nf in (False, True):
+    meta = dict(HAS_WEIGHT=True, HAS_BIAS=True, BLOCK_N=2048, ROUND_BF16=False, num_warps=2, SPLITS=32, SPLITS_P2=32,
+                X_CACHE=".cg", NEXT_FIRST=nf)
+    ptx = compile_sm90(k.layer_norm_split_lag, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132), meta).asm["ptx"]
+    order = re.findall(r"ld\.global\.cg|bar\.sync", ptx)
+    print("order", nf, order.index("bar.sync"), order.count("ld.global.cg"))
 '''
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", script], cwd=root, env={**env, "PYTHONPATH": str(root)},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    *lines, loads = proc.stdout.strip().splitlines()
+    *lines, loads, after, first = proc.stdout.strip().splitlines()
+    # the next row's load: after this row's reductions, or (NEXT_FIRST) with the pre-loop load before them
+    assert after.split()[1:] == ["False", "4", "8"] and first.split()[1:] == ["True", "8", "8"], (after, first)
+    assert settings.SPLIT_NEXT_FIRST["layer_norm"] and settings.split_config(65536, torch.bfloat16, "layer_norm").next_first
     # x past L1, the weight kept in it (settings.SPLIT_X_CACHE, SPLIT_W_EVICT)
     assert loads.split()[1:] == ["ld.global.L1::evict_last.L2::cache_hint.v4.b32", "ld.global.cg.v4.b32"], loads
     assert len(lines) == 4  # both ops, the weight (and bias) loaded each row or held
