@@ -93,7 +93,10 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     its weight held in registers led at RMSNorm bf16 131072 (92.7% against 85.8%; not repeated
     at 444e9ee). At 444e9ee-73545c4 (item 53): x past L1 with the weight kept in it gained up to
     6.5 points (now the settings'), the weight held led for float32 RMSNorm only, and the TMA
-    segments and LayerNorm register caps (maxnreg 64, 80: 18-77%) were slower."""
+    segments and LayerNorm register caps (maxnreg 64, 80: 18-77%) were slower. At 630c0b1-98d44c4
+    (item 54): the next row's load before the row's reductions gained LayerNorm 0.4-13 points
+    (now the settings' for LayerNorm), caps of 96 and 112 registers on that kernel did not gain
+    (removed), and weight and bias held at 2048 x 4 warps led for float32 LayerNorm 65536 only."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
@@ -105,10 +108,6 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (1, "triton.split next after", lambda: _triton_split(op, next_first=False)),
         *[(2, f"triton.split next first {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, next_first=True))
           for bn, w in ((1024, 2), (2048, 2), (2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16))],
-        # register caps on the next-first kernel (LayerNorm bf16: 128 registers, spill-free at 112, 8 bytes at 96)
-        *[(2, f"triton.split maxnreg {cap}", lambda cap=cap: _triton_split(op, maxnreg=cap)) for cap in (96, 112)],
-        *[(2, f"triton.split maxnreg {cap} {bn}x{w}w", lambda cap=cap, bn=bn, w=w: _triton_split(op, 1, bn, w, maxnreg=cap))
-          for cap, bn, w in ((96, 2048, 2), (112, 2048, 2), (96, 4096, 4))],
         (2, "triton.split" + NO_AFFINE, lambda: _triton_split(op)),
         (2, name + NO_AFFINE, lambda: _tilelang_cluster(op)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
