@@ -19,7 +19,8 @@ also declares it: ``NormKernel.native_replay``). ``refusals()`` says why, per ke
 The extension is built with torch's cpp_extension on first use, in a background thread (about
 half a minute, once per torch version; the cache is torch's extensions directory), so no call
 waits for the compiler: calls take the Python fast path until it is ready. ``wait()`` blocks
-until then (benchmarks call it). ``python -m impls.native`` builds it in the foreground.
+until then (benchmarks call it). A process that ends while its build runs waits for it at exit
+(see EXIT_WAIT_S). ``python -m impls.native`` builds it in the foreground.
 NORMDIFF_NATIVE=0 turns the path off.
 """
 from __future__ import annotations

@@ -413,6 +413,12 @@ def layer_norm_split(
 
 
 @triton.jit
+def _load_row(X, row, stride_x, cols, cmask, M, X_CACHE: tl.constexpr):
+    """This program's columns of row ``row`` of x (zeros past the last row), loaded with X_CACHE."""
+    return tl.load(X + row.to(tl.int64) * stride_x + cols, mask=cmask & (row < M), other=0.0, cache_modifier=X_CACHE)
+
+
+@triton.jit
 def _held_columns(P, cols, cmask, HOLD: tl.constexpr):
     """A program's columns of the weight (or bias) P, loaded once before its row loop when HOLD
     (a program's columns never change), else zeros that nothing reads."""
@@ -452,13 +458,11 @@ def rms_norm_split_lag(
     while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
         nxt = row + GROUPS
         if NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
-            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
-                             cache_modifier=X_CACHE)
+            x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
         x = x_cur.to(tl.float32)
         ss = tl.sum(x * x, axis=0)
         if not NEXT_FIRST:
-            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
-                             cache_modifier=X_CACHE)
+            x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, ss, ss)
         if it > 0:
@@ -507,15 +511,13 @@ def layer_norm_split_lag(
     while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
         nxt = row + GROUPS
         if NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
-            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
-                             cache_modifier=X_CACHE)
+            x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
         x = x_cur.to(tl.float32)
         m_part = tl.sum(x, axis=0) / n_part
         d = tl.where(cmask, x - m_part, 0.0)
         m2_part = tl.sum(d * d, axis=0)
         if not NEXT_FIRST:
-            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0,
-                             cache_modifier=X_CACHE)
+            x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
         if it > 0:

@@ -67,8 +67,9 @@ LOOPED_MAXNREG = tuned.table(TUNED_FILE, "looped_maxnreg", ("op", "bytes", "n"),
 # through L1 evicted them (docs/perf-notes.md item 53: up to 6.5 points at 65536-262144).
 SPLIT_X_CACHE, SPLIT_W_EVICT = ".cg", "evict_last"
 # By op: whether the lagged kernels issue row i + 1's load before row i's reductions, in flight
-# across them, or after (docs/perf-notes.md item 54: LayerNorm's two reductions gained 1-7 points
-# with it; RMSNorm's one, same registers, was even within the probe's noise).
+# across them, or after (docs/perf-notes.md item 54: behind LayerNorm's two reductions it gained
+# 0.4-13 points in three probes; behind RMSNorm's one, at the same registers, it moved within the
+# probes' noise).
 SPLIT_NEXT_FIRST = {"rms_norm": False, "layer_norm": True}
 # split: by N -> the launch setting: columns per program, warps, and the lagged kernels' load
 # choices (the weight held in registers, x's cache modifier, the weight's L1 eviction hint; the
