@@ -1,7 +1,8 @@
 """The long-row kernels that cannot be checked without a GPU, checked as far as a CPU goes: the
 TileLang candidates that tools/long_row_probe.py times compile for sm_90, and the lagged split
 kernels (which need every program of a row resident at once) compile for sm_90 with the row they
-store carried in registers from one step to the next."""
+store carried in registers from one step to the next, and run under the interpreter with one
+program a row (the registered ones and the Triton candidate)."""
 import pytest
 
 import impls.triton as tri
@@ -41,8 +42,9 @@ def test_lagged_split_carries_the_previous_row():
     group's first came out scaled from the next row's x. Here, compiled for sm_90 (no GPU
     needed): the row loop carries two row tensors of x's dtype, the current and the previous,
     with the weight (and bias) loaded each row and held from the start (HOLD_W). And the load
-    choices of the settings reach the PTX, at a shape Triton 3.6 once failed to compile, and
-    NEXT_FIRST puts the next row's load before this row's reductions."""
+    choices of the settings reach the PTX, at a shape Triton 3.6 once failed to compile,
+    NEXT_FIRST puts the next row's load before this row's reductions, and the store-halves
+    candidate compiles to fewer registers than the kernel it varies."""
     import re
     import subprocess
     import sys
@@ -87,16 +89,25 @@ x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bflo
 for nf in (False, True):
     meta = dict(HAS_WEIGHT=True, HAS_BIAS=True, BLOCK_N=2048, ROUND_BF16=False, num_warps=2, SPLITS=32, SPLITS_P2=32,
                 X_CACHE=".cg", NEXT_FIRST=nf)
-    ptx = compile_sm90(k.layer_norm_split_lag, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132), meta).asm["ptx"]
-    order = re.findall(r"ld\.global\.cg|bar\.sync", ptx)
+    compiled = compile_sm90(k.layer_norm_split_lag, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132), meta)
+    order = re.findall(r"ld\.global\.cg|bar\.sync", compiled.asm["ptx"])
     print("order", nf, order.index("bar.sync"), order.count("ld.global.cg"))
+# The store-halves candidate (impls.triton._candidates) at the same setting: registers and spills,
+# against the registered kernel's (the last compiled above).
+from impls.triton import _candidates
+from tools.triton_resources import _usage
+halves = compile_sm90(_candidates.layer_norm_split_lag_halves, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132),
+                      meta)
+print("registers", *_usage(compiled), *_usage(halves))
 '''
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", script], cwd=root, env={**env, "PYTHONPATH": str(root)},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    *lines, loads, after, first = proc.stdout.strip().splitlines()
+    *lines, loads, after, first, registers = proc.stdout.strip().splitlines()
+    lag_regs, lag_spills, halves_regs, halves_spills = map(int, registers.split()[1:])
+    assert halves_regs < lag_regs and lag_spills == halves_spills == 0, registers  # what the candidate is for
     # the next row's load: after this row's reductions, or (NEXT_FIRST) with the pre-loop load before them
     assert after.split()[1:] == ["False", "4", "8"] and first.split()[1:] == ["True", "8", "8"], (after, first)
     assert settings.SPLIT_NEXT_FIRST["layer_norm"] and settings.split_config(65536, torch.bfloat16, "layer_norm").next_first
@@ -106,3 +117,43 @@ for nf in (False, True):
     for line in lines:
         carried = re.search(r"\) : \((.*?)\) ->", line).group(1)
         assert carried.count("tensor<4096xbf16>") == 2, line
+
+
+@pytest.mark.parametrize("name, next_first", [(k, nf) for k in ("rms_norm_split_lag", "layer_norm_split_lag")
+                                                for nf in (False, True)] + [("layer_norm_split_lag_halves", True)])
+def test_lagged_split_rows_with_one_program_a_row(name, next_first):
+    """The lagged kernels' row logic where it can run without co-resident programs, on the
+    interpreter too: one program a row (SPLITS = 1), so every wait is for the program's own
+    partial, and two groups, so each program walks every other row with the store one row behind.
+    Every row against float64 (rows of mean 100: the part's statistics are exact two-pass ones),
+    and the exchange words left zero for the next launch."""
+    import torch
+
+    from impls.triton import _candidates, _kernels
+    from impls.triton._launch import state
+
+    device = "cpu" if state().interpreted else "cuda"
+    fn = getattr(_candidates if name.endswith("halves") else _kernels, name)
+    m, n, block = 7, 1000, 1024
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(m, n, generator=g) * 3 + 100).to(device)
+    w = torch.randn(n, generator=g).to(device)
+    b = torch.randn(n, generator=g).to(device)
+    y = torch.empty_like(x)
+    mean, rstd = torch.empty(m, device=device), torch.empty(m, device=device)
+    words = torch.zeros(64, dtype=torch.int64, device=device)
+    done = torch.zeros(8, dtype=torch.int32, device=device)
+    meta = dict(HAS_WEIGHT=True, BLOCK_N=block, SPLITS=1, SPLITS_P2=1, ROUND_BF16=False, NEXT_FIRST=next_first)
+    x64 = x.double()
+    if name.startswith("rms"):
+        fn[(2,)](x, w, y, rstd, words, done, m, n, n, n, 1e-5, 2, **meta)
+        want_rstd = torch.rsqrt(x64.pow(2).mean(1) + 1e-5)
+        want = x64 * want_rstd[:, None] * w.double()
+    else:
+        fn[(2,)](x, w, b, y, mean, rstd, words, done, m, n, n, n, 1e-5, 2, HAS_BIAS=True, **meta)
+        want_rstd = torch.rsqrt(x64.var(1, unbiased=False) + 1e-5)
+        want = (x64 - x64.mean(1, keepdim=True)) * want_rstd[:, None] * w.double() + b.double()
+        torch.testing.assert_close(mean.double(), x64.mean(1), rtol=1e-6, atol=0)
+    torch.testing.assert_close(rstd.double(), want_rstd, rtol=1e-5, atol=0)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
+    assert not words.any() and not done.any()

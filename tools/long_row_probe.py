@@ -52,6 +52,12 @@ def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, **choices):
     return k
 
 
+def _triton_halves(block_n=None, warps=None):
+    from impls.triton._candidates import split_halves
+
+    return split_halves(block_n, warps)
+
+
 def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8):
     from impls.tilelang._long_plan import cluster_plan
 
@@ -127,6 +133,10 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     if op == "layer_norm":  # weight and bias held, at widths of 16 columns a thread (item 54)
         c += [(2, f"triton.split weight held {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, hold_w=True))
               for bn, w in ((1024, 2), (2048, 4), (4096, 8))]
+        # impls/triton/_candidates.py: the store step in two halves (fewer registers); not measured yet
+        c.insert(4, (1, "triton.split store halves", lambda: _triton_halves()))
+        c += [(2, f"triton.split store halves {bn}x{w}w", lambda bn=bn, w=w: _triton_halves(bn, w))
+              for bn, w in ((2048, 2), (2048, 4), (4096, 4), (8192, 8))]
     if op == "rms_norm":  # the weight held in registers (LayerNorm's weight and bias held: slower, item 52)
         c[2:2] = [(1, "triton.split weight held", lambda: _triton_split(op, hold_w=True)),
                   (1, "triton.split weight loaded", lambda: _triton_split(op, hold_w=False))]

@@ -101,6 +101,7 @@ class TritonKernel(TritonBackward, NormKernel):
     project = True
     packages = ("triton",)
     devices = DEVICES
+    kernel_module = None  # where launch() finds kernels by name: impls.triton._kernels, or a probe's candidates
 
     def availability(self) -> str | None:
         return state().reason
@@ -178,7 +179,7 @@ class TritonKernel(TritonBackward, NormKernel):
                **meta):
         """Run the kernel on x's device over ``grid``, by default one program per cfg.rows rows.
         Returns the kernel as Triton compiled it (compile_only: without running it)."""
-        fn = getattr(state().kernels, kernel_name)
+        fn = getattr(self.kernel_module or state().kernels, kernel_name)
         kwargs = self.launch_kwargs(x, cfg, **meta)
         grid = grid or (cdiv(x.shape[0], cfg.rows),)
         if self._recorded is not None:
