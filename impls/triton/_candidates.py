@@ -14,7 +14,8 @@ import copy
 import triton
 import triton.language as tl
 
-from impls.triton._kernels import _load_row, _split_finish, _split_publish, _split_slot, _split_wait, _store_y
+from impls.triton._kernels import (_load_row, _merge_parts, _split_finish, _split_publish, _split_slot, _split_wait,
+                                  _store_y)
 
 
 @triton.jit
@@ -70,10 +71,7 @@ def layer_norm_split_lag_halves(
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
         if it > 0:
             m_j, m2_j = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
-            mean = tl.sum(n_j * m_j, axis=0) / N
-            dm = m_j - mean
-            var = (tl.sum(m2_j, axis=0) + tl.sum(n_j * dm * dm, axis=0)) / N
-            rstd = tl.rsqrt(var + eps)
+            mean, rstd = _merge_parts(m_j, m2_j, n_j, N, eps)
             prev = row - GROUPS
             _store_half(Y, W, B, xa_prev, ca, ma, prev, stride_y, mean, rstd, HAS_WEIGHT, HAS_BIAS, W_EVICT,
                         ROUND_BF16)

@@ -312,6 +312,16 @@ def _split_finish(WORDS, DONE, group, SPLITS: tl.constexpr, SPLITS_P2: tl.conste
         tl.atomic_xchg(DONE + group, 0, sem="release", scope="gpu")
 
 
+@triton.jit
+def _merge_parts(m_j, m2_j, n_j, N: tl.constexpr, eps):
+    """The row's mean and rstd from its parts' means m_j, centred sums of squares m2_j and
+    column counts n_j, by Chan's combination, in part order (the same in every program)."""
+    mean = tl.sum(n_j * m_j, axis=0) / N
+    dm = m_j - mean
+    var = (tl.sum(m2_j, axis=0) + tl.sum(n_j * dm * dm, axis=0)) / N
+    return mean, tl.rsqrt(var + eps)
+
+
 @triton.jit(do_not_specialize=["GROUPS"])
 def rms_norm_split(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
@@ -383,10 +393,7 @@ def layer_norm_split(
         else:
             x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
         m_j, m2_j = _split_exchange(WORDS, group, part, it, m_part, m2_part, SPLITS, SPLITS_P2)
-        mean = tl.sum(n_j * m_j, axis=0) / N
-        dm = m_j - mean
-        var = (tl.sum(m2_j, axis=0) + tl.sum(n_j * dm * dm, axis=0)) / N
-        rstd = tl.rsqrt(var + eps)
+        mean, rstd = _merge_parts(m_j, m2_j, n_j, N, eps)
         y = (d + (m_part - mean)) * rstd
         if HAS_WEIGHT:
             y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -522,10 +529,7 @@ def layer_norm_split_lag(
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
         if it > 0:
             m_j, m2_j = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
-            mean = tl.sum(n_j * m_j, axis=0) / N
-            dm = m_j - mean
-            var = (tl.sum(m2_j, axis=0) + tl.sum(n_j * dm * dm, axis=0)) / N
-            rstd = tl.rsqrt(var + eps)
+            mean, rstd = _merge_parts(m_j, m2_j, n_j, N, eps)
             y = (x_prev.to(tl.float32) - mean) * rstd
             if HAS_WEIGHT:
                 y = y * _columns(W, cols, cmask, w_held, HOLD_W, W_EVICT)
