@@ -38,7 +38,7 @@ def affine_of(label: str, d) -> tuple:
 
 def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, **choices):
     """triton.split with another launch setting: columns x warps, and the lagged kernels' load
-    choices (LaunchConfig's hold_w, x_cache, w_evict) over the setting's own."""
+    choices (LaunchConfig's hold_w, x_cache, w_evict, next_first) over the setting's own."""
     import dataclasses
 
     k = copy.copy(registry.get(op, "triton", "split"))
@@ -53,9 +53,15 @@ def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, **choices):
 
 
 def _triton_halves(block_n=None, warps=None):
-    from impls.triton._candidates import split_halves
+    """triton.split's LayerNorm with its lagged rows run by the store-halves candidate
+    (impls.triton._candidates), which always loads the next row first and never holds the weight."""
+    from impls.triton import _candidates
+    from impls.triton.settings import SPLIT_LAG_MIN_N
 
-    return split_halves(block_n, warps)
+    k = _triton_split("layer_norm", 1, block_n, warps, hold_w=False, next_first=True)
+    k.kernel_module = _candidates
+    k.kernel_name = lambda n: "layer_norm_split_lag_halves" if n >= SPLIT_LAG_MIN_N else k._kernel_name
+    return k
 
 
 def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8):
@@ -134,7 +140,7 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         c += [(2, f"triton.split weight held {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, hold_w=True))
               for bn, w in ((1024, 2), (2048, 4), (4096, 8))]
         # impls/triton/_candidates.py: the store step in two halves (fewer registers); not measured yet
-        c.insert(4, (1, "triton.split store halves", lambda: _triton_halves()))
+        c += [(1, "triton.split store halves", lambda: _triton_halves())]
         c += [(2, f"triton.split store halves {bn}x{w}w", lambda bn=bn, w=w: _triton_halves(bn, w))
               for bn, w in ((2048, 2), (2048, 4), (4096, 4), (8192, 8))]
     if op == "rms_norm":  # the weight held in registers (LayerNorm's weight and bias held: slower, item 52)

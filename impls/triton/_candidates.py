@@ -5,11 +5,10 @@ the next row's load first) with a program's columns held as two halves, so that 
 the register peak (the previous row in float32, the weight and bias, the next row in flight),
 holds half the weight and bias at a time: ptxas for sm_90 gave 96 registers against 128 at bf16
 2048 columns x 2 warps, 128 against 164 in float32 (docs/perf-notes.md, item 54's open
-question). Same statistics and order of summation as the registered kernel. Not measured yet.
+question). Same statistics and order of summation as the registered kernel. Not measured yet;
+tools/long_row_probe.py runs it as triton.split's lagged kernel (TritonKernel.kernel_module).
 """
 from __future__ import annotations
-
-import copy
 
 import triton
 import triton.language as tl
@@ -88,21 +87,3 @@ def layer_norm_split_lag_halves(
         row += GROUPS
     _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)
 
-
-def split_halves(block_n: int | None = None, warps: int | None = None):
-    """triton.split's LayerNorm with the lagged rows run by layer_norm_split_lag_halves (the
-    settings' columns and warps, or these), for the probe."""
-    import dataclasses
-    import sys
-
-    from impls import registry
-    from impls.triton.settings import SPLIT_LAG_MIN_N
-
-    k = copy.copy(registry.get("layer_norm", "triton", "split"))
-    k.__dict__.pop("_plans", None)
-    k.kernel_module = sys.modules[__name__]
-    k.kernel_name = lambda n: "layer_norm_split_lag_halves" if n >= SPLIT_LAG_MIN_N else k._kernel_name
-    own = k.config
-    k.config = lambda n, dtype, m=None: dataclasses.replace(
-        own(n, dtype), **({"block_n": block_n, "num_warps": warps} if block_n else {}), hold_w=False, next_first=True)
-    return k
