@@ -39,6 +39,7 @@ def layer_norm_split_lag_halves(
     # The lagged kernels' launch choices, as SplitRowsKernel.run passes them: the next row is
     # always loaded first here, and the weight and bias are never held.
     tl.static_assert(not HOLD_W, "layer_norm_split_lag_halves loads its weight and bias each row")
+    tl.static_assert(NEXT_FIRST, "layer_norm_split_lag_halves loads the next row first")
     H: tl.constexpr = BLOCK_N // 2
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
