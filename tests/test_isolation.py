@@ -215,10 +215,12 @@ def test_benchmarks_refuse_xdist_workers():
     assert proc.returncode != 0 and "not xdist workers" in proc.stdout + proc.stderr
 
 
-def test_the_harness_runs_with_xdist_disabled():
-    """-p no:xdist leaves the plugin installed but unloaded: the harness runs in one process."""
+def test_the_harness_runs_with_xdist_disabled(tmp_path):
+    """-p no:xdist leaves the plugin installed but unloaded: the harness runs in one process. Its
+    report goes to tmp_path: a run folder in reports/runs would move reports/latest under
+    tests/test_runs.py, which another worker may be running."""
     proc, _ = harness("harness", "-p", "no:xdist", "--backend", "torch", "-k", "constant and rms_norm and float32",
-                      "--maxfail", "1")
+                      "--maxfail", "1", f"--report-dir={tmp_path}")
     assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
