@@ -64,15 +64,21 @@ def _triton_halves(block_n=None, warps=None):
     return k
 
 
-def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8):
+def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=1, min_blocks=None):
+    """tilelang.cluster or tilelang.layer_norm_cluster with another plan: threads, segment size,
+    cluster limit, rows a block carries, launch bound (blocks an SM)."""
+    import dataclasses
+
     from impls.tilelang._long_plan import cluster_plan
 
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     k.__dict__.pop("_plans", None)
-    if threads or segment_bytes or max_cluster != 8:
-        k.plan_for = lambda dtype, n, hw, hb, vec, m=None: cluster_plan(variant, dtype, n, hw, hb, vec, threads,
-                                                                        segment_bytes, max_cluster)
+    if threads or segment_bytes or max_cluster != 8 or rows != 1 or min_blocks:
+        def plan_for(dtype, n, hw, hb, vec, m=None):
+            plan = cluster_plan(variant, dtype, n, hw, hb, vec, threads, segment_bytes, max_cluster, rows)
+            return dataclasses.replace(plan, min_blocks=min_blocks or plan.min_blocks)
+        k.plan_for = plan_for
     return k
 
 
@@ -112,6 +118,14 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
+        # Two rows a block: one weight (and bias) load for both, half the L2 reads of them
+        (1, f"{name} 2 rows", lambda: _tilelang_cluster(op, rows=2)),
+        (1, f"{name} 2 rows 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384, max_cluster=16, rows=2)),
+        (2, f"{name} 2 rows 2 blocks", lambda: _tilelang_cluster(op, rows=2, min_blocks=2)),
+        (2, f"{name} 2 rows 16KB segments 3 blocks",
+         lambda: _tilelang_cluster(op, segment_bytes=16384, max_cluster=16, rows=2, min_blocks=3)),
+        (2, f"{name} 4 rows 8KB segments",
+         lambda: _tilelang_cluster(op, segment_bytes=8192, max_cluster=16, rows=4)),
         (2, f"{name} TMA", lambda: _tilelang_tma(op)),
         (2, f"{name} TMA 16KB segments", lambda: _tilelang_tma(op, segment_bytes=16384)),
         (2, f"{name} TMA 6 blocks", lambda: _tilelang_tma(op, min_blocks=6)),

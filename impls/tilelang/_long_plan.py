@@ -35,10 +35,11 @@ def cluster_size(plan: Plan) -> int:
 
 def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
                  threads: int | None = None, segment_bytes: int | None = None,
-                 max_cluster: int = MAX_CLUSTER) -> Plan:
+                 max_cluster: int = MAX_CLUSTER, rows: int = 1) -> Plan:
     """The fewest blocks per row (a power of two, at most ``max_cluster``) whose segments hold at
     most ``segment_bytes`` (default SEGMENT_BYTES) of x, each segment a multiple of threads x 16
-    bytes of columns; the overrides are for tools/long_row_probe. The launch bound is as many
+    bytes of columns; the overrides are for tools/long_row_probe. ``rows``: rows a block carries
+    (its threads work on each; a segment of each in shared memory). The launch bound is as many
     blocks as shared memory holds, while that leaves ptxas MIN_REGISTERS per thread: unbounded,
     ptxas keeps every vector of the segment's load in flight in registers (87 at bf16 262144,
     256 threads: two blocks an SM where three fit)."""
@@ -51,8 +52,8 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     tpr = threads or (THREADS if -(-n // c) * size <= THREADS * 16 * VECTORS else 2 * THREADS)
     unit = tpr * max_vec(getattr(torch, dt))
     seg = -(-(-(-n // c)) // unit) * unit
-    fit = min(SM_SHARED // (seg * size + 1024), SM_THREADS // tpr, SM_REGISTERS // (tpr * MIN_REGISTERS))
+    fit = min(SM_SHARED // (rows * seg * size + 1024), SM_THREADS // tpr, SM_REGISTERS // (tpr * MIN_REGISTERS))
     # A row of one block (no cluster) takes no bound: at 64 registers its LayerNorm spills (bf16
     # 16384 with bias: 4 bytes), and such rows are the row-per-block kernels' anyway.
     bound = fit if fit > 1 and -(-n // seg) > 1 else None
-    return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, 1, seg, bound)
+    return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, seg, bound, rows_share_threads=True)

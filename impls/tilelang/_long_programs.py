@@ -41,9 +41,22 @@ from impls.tilelang.plan import Plan
 
 def _smem_chunks(plan: Plan):
     """(K, chunks): one chunk is one vector per thread (K = threads x vec columns); a block's
-    segment of S columns is S // K chunks (the plan makes S a multiple of K)."""
+    segment of S columns is S // K chunks (the plan makes S a multiple of K); with rows_per_block
+    R > 1 the same threads carry all R rows (plan.rows_share_threads)."""
     K = plan.threads * plan.vec
     return K, plan.padded // K
+
+
+def _rows_layout(plan: Plan, rows: int, cols: int):
+    """Fragment layout of a (rows, cols) tile, cols = threads x vec: column j to thread
+    (j // vec) % threads for every row, so a thread applies one weight vector to all its rows
+    and each row is summed in the same order whichever of the block's rows it is."""
+    threads, vec = plan.threads, plan.vec
+    return T.Fragment(
+        (rows, cols),
+        forward_thread_fn=lambda r, j: (j // vec) % threads,
+        forward_index_fn=lambda r, j: r * vec + j % vec,
+    )
 
 
 def _chunk_loop(chunks: int):
@@ -65,22 +78,38 @@ def _segment_loader(plan: Plan):
     and L1."""
     N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
 
+    R = plan.rows_per_block
     if plan.variant.endswith(TMA):
+        assert R == 1, "the TMA form carries one row a block"
+
         @T.macro
-        def load(X, xs, row, base, sxv):
+        def load(X, xs, row, base, sxv, M):
             cuda_copy(X[row:row + 1, base:base + S], xs, prefer_instruction="tma")
-    else:
+    elif R == 1:
         @T.macro
-        def load(X, xs, row, base, sxv):
+        def load(X, xs, row, base, sxv, M):
             for r, j in T.Parallel(1, S):
                 xs[r, j] = T.if_then_else(
                     base + j < N, X[T.cast(row, "int64") * sxv * vec + base + j], T.cast(0, dt))
+    else:  # _row_of: the last block's rows past M are row M - 1 again
+        @T.macro
+        def load(X, xs, row, base, sxv, M):
+            for r, j in T.Parallel(R, S):
+                xs[r, j] = T.if_then_else(
+                    base + j < N, X[T.cast(T.min(row + r, M - 1), "int64") * sxv * vec + base + j], T.cast(0, dt))
     return load
+
+
+def _row_of(row, r, M, R: int):
+    """Row r of a block whose first row is ``row``. With R > 1 the last block may reach past M: it
+    carries row M - 1 again in the missing places (the same values written twice by the same
+    thread), so no load or store needs a row mask and the weight loads are shared by all R rows."""
+    return row if R == 1 else T.min(row + r, M - 1)
 
 
 def rms_norm_cluster(plan: Plan):
     """RMSNorm: each block's sum of squares, summed over the cluster in rank order."""
-    N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
+    N, S, vec, dt, R = plan.n, plan.padded, plan.vec, plan.dtype, plan.rows_per_block
     C = cluster_size(plan)
     K, chunks = _smem_chunks(plan)
     NW, _ = _signature_sizes(plan)
@@ -94,44 +123,47 @@ def rms_norm_cluster(plan: Plan):
         X: XT, W: T.Tensor((NW,), dt), Y: T.Tensor((LY,), dt),
         RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
     ):
-        with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
+        with T.Kernel(T.ceildiv(M, R) * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
             if plan.min_blocks:
                 T.annotate_min_blocks_per_sm(plan.min_blocks)
-            xs = T.alloc_shared((1, S), dt)
-            acc = T.alloc_fragment((1, K), F32)
-            ss = T.alloc_fragment((1,), F32)
-            mine = T.alloc_shared((1,), F32)
-            slots = T.alloc_shared((C, 1), F32)
-            T.annotate_layout({acc: _row_layout(plan, 1, K)})
-            for p, k in T.Parallel(C, 1):
+            xs = T.alloc_shared((R, S), dt)
+            acc = T.alloc_fragment((R, K), F32)
+            ss = T.alloc_fragment((R,), F32)
+            mine = T.alloc_shared((R,), F32)
+            slots = T.alloc_shared((C, R), F32)
+            T.annotate_layout({acc: _rows_layout(plan, R, K)})
+            for p, k in T.Parallel(C, R):
                 slots[p, k] = 0.0
             T.cluster_arrive()
-            row = bx // C
+            row = bx // C * R  # the block's first row
             base = (bx % C) * S
-            load_segment(X, xs, row, base, sxv)
-            for r, j in T.Parallel(1, K):
+            load_segment(X, xs, row, base, sxv, M)
+            for r, j in T.Parallel(R, K):
                 acc[r, j] = 0.0
             for c in _chunk_loop(chunks):
-                for r, j in T.Parallel(1, K):
+                for r, j in T.Parallel(R, K):
                     acc[r, j] += T.cast(xs[r, c * K + j], F32) * T.cast(xs[r, c * K + j], F32)
             T.reduce_sum(acc, ss, dim=1)
-            mine[0] = ss[0]
+            for r in T.Parallel(R):
+                mine[r] = ss[r]
             # Every block's partial into slot rank of every peer (see the module's barriers).
             T.cluster_wait()
             for p in T.serial(C):
-                T.copy_cluster(mine[0:1], slots[bx % C, 0:1], dst_block=p)
+                T.copy_cluster(mine[0:R], slots[bx % C, 0:R], dst_block=p)
             T.cluster_sync()
-            ss[0] = 0.0
-            for p in T.serial(C):  # rank order: the same sum in every block
-                ss[0] += slots[p, 0]
-            ss[0] = T.rsqrt(ss[0] / N + eps)
+            for r in T.unroll(R):
+                ss[r] = 0.0
+                for p in T.serial(C):  # rank order: the same sum in every block
+                    ss[r] += slots[p, r]
+                ss[r] = T.rsqrt(ss[r] / N + eps)
             for c in _chunk_loop(chunks):
-                for r, j in T.Parallel(1, K):
+                for r, j in T.Parallel(R, K):
                     if base + c * K + j < N:
-                        Y[T.cast(row, "int64") * syv * vec + base + c * K + j] = T.cast(_affine(
-                            T.cast(xs[r, c * K + j], F32) * ss[0], W, None, base + c * K + j, has_w, False), dt)
+                        Y[T.cast(_row_of(row, r, M, R), "int64") * syv * vec + base + c * K + j] = T.cast(_affine(
+                            T.cast(xs[r, c * K + j], F32) * ss[r], W, None, base + c * K + j, has_w, False), dt)
             if bx % C == 0:
-                RSTD[row] = ss[0]
+                for r in T.unroll(R):
+                    RSTD[_row_of(row, r, M, R)] = ss[r]
 
     return main
 
@@ -141,7 +173,7 @@ def layer_norm_cluster(plan: Plan):
     about its own mean m_b (two passes over shared memory). After the exchange, mean = sum / N
     and the row's M2 = sum over blocks of M2_b + n_b (m_b - mean)^2, in rank order: no
     E[x^2] - E[x]^2 cancellation, one exchange."""
-    N, S, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
+    N, S, vec, dt, R = plan.n, plan.padded, plan.vec, plan.dtype, plan.rows_per_block
     C = cluster_size(plan)
     K, chunks = _smem_chunks(plan)
     NW, NB = _signature_sizes(plan)
@@ -156,60 +188,63 @@ def layer_norm_cluster(plan: Plan):
         X: XT, W: T.Tensor((NW,), dt), B: T.Tensor((NB,), dt), Y: T.Tensor((LY,), dt),
         MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
     ):
-        with T.Kernel(M * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
+        with T.Kernel(T.ceildiv(M, R) * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
             if plan.min_blocks:
                 T.annotate_min_blocks_per_sm(plan.min_blocks)
-            xs = T.alloc_shared((1, S), dt)
-            acc = T.alloc_fragment((1, K), F32)
-            s1 = T.alloc_fragment((1,), F32)
-            s2 = T.alloc_fragment((1,), F32)
-            mine = T.alloc_shared((2,), F32)
-            slots = T.alloc_shared((C, 2), F32)
-            T.annotate_layout({acc: _row_layout(plan, 1, K)})
-            for p, k in T.Parallel(C, 2):
+            xs = T.alloc_shared((R, S), dt)
+            acc = T.alloc_fragment((R, K), F32)
+            s1 = T.alloc_fragment((R,), F32)
+            s2 = T.alloc_fragment((R,), F32)
+            mine = T.alloc_shared((2 * R,), F32)
+            slots = T.alloc_shared((C, 2 * R), F32)
+            T.annotate_layout({acc: _rows_layout(plan, R, K)})
+            for p, k in T.Parallel(C, 2 * R):
                 slots[p, k] = 0.0
             T.cluster_arrive()
-            row = bx // C
+            row = bx // C * R  # the block's first row
             base = (bx % C) * S
             nb = T.if_then_else(bx % C == C - 1, last, S)
-            load_segment(X, xs, row, base, sxv)
-            for r, j in T.Parallel(1, K):
+            load_segment(X, xs, row, base, sxv, M)
+            for r, j in T.Parallel(R, K):
                 acc[r, j] = 0.0
             for c in _chunk_loop(chunks):
-                for r, j in T.Parallel(1, K):
+                for r, j in T.Parallel(R, K):
                     acc[r, j] += T.cast(xs[r, c * K + j], F32)
             T.reduce_sum(acc, s1, dim=1)
-            for r, j in T.Parallel(1, K):
+            for r, j in T.Parallel(R, K):
                 acc[r, j] = 0.0
             for c in _chunk_loop(chunks):
-                for r, j in T.Parallel(1, K):
-                    acc[r, j] += T.if_then_else(base + c * K + j < N, (T.cast(xs[r, c * K + j], F32) - s1[0] / nb) * (
-                        T.cast(xs[r, c * K + j], F32) - s1[0] / nb), 0.0)
+                for r, j in T.Parallel(R, K):
+                    acc[r, j] += T.if_then_else(base + c * K + j < N, (T.cast(xs[r, c * K + j], F32) - s1[r] / nb) * (
+                        T.cast(xs[r, c * K + j], F32) - s1[r] / nb), 0.0)
             T.reduce_sum(acc, s2, dim=1)
-            mine[0] = s1[0]
-            mine[1] = s2[0]
+            for r in T.Parallel(R):
+                mine[2 * r] = s1[r]
+                mine[2 * r + 1] = s2[r]
             T.cluster_wait()
             for p in T.serial(C):
-                T.copy_cluster(mine[0:2], slots[bx % C, 0:2], dst_block=p)
+                T.copy_cluster(mine[0:2 * R], slots[bx % C, 0:2 * R], dst_block=p)
             T.cluster_sync()
-            s1[0] = 0.0
-            for p in T.serial(C):
-                s1[0] += slots[p, 0]
-            s1[0] = s1[0] / N  # the row's mean
-            s2[0] = 0.0
-            for p in T.serial(C):
-                s2[0] += slots[p, 1] + T.if_then_else(p == C - 1, last, S) * (
-                    slots[p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0]) * (
-                    slots[p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0])
-            s2[0] = T.rsqrt(s2[0] / N + eps)  # s2 now holds rstd
+            for r in T.unroll(R):
+                s1[r] = 0.0
+                for p in T.serial(C):
+                    s1[r] += slots[p, 2 * r]
+                s1[r] = s1[r] / N  # the row's mean
+                s2[r] = 0.0
+                for p in T.serial(C):
+                    s2[r] += slots[p, 2 * r + 1] + T.if_then_else(p == C - 1, last, S) * (
+                        slots[p, 2 * r] / T.if_then_else(p == C - 1, last, S) - s1[r]) * (
+                        slots[p, 2 * r] / T.if_then_else(p == C - 1, last, S) - s1[r])
+                s2[r] = T.rsqrt(s2[r] / N + eps)  # s2 now holds rstd
             for c in _chunk_loop(chunks):
-                for r, j in T.Parallel(1, K):
+                for r, j in T.Parallel(R, K):
                     if base + c * K + j < N:
-                        Y[T.cast(row, "int64") * syv * vec + base + c * K + j] = T.cast(_affine(
-                            (T.cast(xs[r, c * K + j], F32) - s1[0]) * s2[0], W, B, base + c * K + j, has_w, has_b), dt)
+                        Y[T.cast(_row_of(row, r, M, R), "int64") * syv * vec + base + c * K + j] = T.cast(_affine(
+                            (T.cast(xs[r, c * K + j], F32) - s1[r]) * s2[r], W, B, base + c * K + j, has_w, has_b), dt)
             if bx % C == 0:
-                MEAN[row] = s1[0]
-                RSTD[row] = s2[0]
+                for r in T.unroll(R):
+                    MEAN[_row_of(row, r, M, R)] = s1[r]
+                    RSTD[_row_of(row, r, M, R)] = s2[r]
 
     return main
 

@@ -67,10 +67,13 @@ class Plan:
     # The launch bound (minimum blocks per SM) from TUNED or tools/tilelang_sweep.py; None:
     # layer_norm_fwd's rule (ln_min_blocks_per_sm), no bound for the fragment.
     min_blocks: int | None = None
+    # The block's threads work on each of its rows in turn (the cluster kernels) rather than a
+    # group of threads_per_row on each row.
+    rows_share_threads: bool = False
 
     @property
     def threads(self) -> int:
-        return self.threads_per_row * self.rows_per_block
+        return self.threads_per_row * (1 if self.rows_share_threads else self.rows_per_block)
 
     def describe(self) -> str:
         affine = "+".join(n for n, on in (("weight", self.has_weight), ("bias", self.has_bias)) if on) or "no affine"
