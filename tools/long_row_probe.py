@@ -64,10 +64,9 @@ def _triton_halves(block_n=None, warps=None):
     return k
 
 
-def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=1, min_blocks=None, w_ahead=0):
+def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=1, min_blocks=None):
     """tilelang.cluster or tilelang.layer_norm_cluster with another plan: threads, segment size,
-    cluster limit, rows a block carries, launch bound (blocks an SM), chunks of weight and bias
-    loaded ahead (before the reductions)."""
+    cluster limit, rows a block carries, launch bound (blocks an SM)."""
     import dataclasses
 
     from impls.tilelang._long_plan import cluster_plan
@@ -75,10 +74,10 @@ def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     k.__dict__.pop("_plans", None)
-    if threads or segment_bytes or max_cluster != 8 or rows != 1 or min_blocks or w_ahead:
+    if threads or segment_bytes or max_cluster != 8 or rows != 1 or min_blocks:
         def plan_for(dtype, n, hw, hb, vec, m=None):
             plan = cluster_plan(variant, dtype, n, hw, hb, vec, threads, segment_bytes, max_cluster, rows)
-            return dataclasses.replace(plan, min_blocks=min_blocks or plan.min_blocks, w_ahead=w_ahead)
+            return dataclasses.replace(plan, min_blocks=min_blocks or plan.min_blocks)
         k.plan_for = plan_for
     return k
 
@@ -120,10 +119,6 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
         # Two rows a block: one weight (and bias) load for both, half the L2 reads of them
-        # The weight (and bias) loaded into registers before the reductions: 2 chunks, or all
-        *[(1, f"{name} weight ahead {a if a < 99 else 'all'}{f' {mb} blocks' if mb else ''}",
-           lambda a=a, mb=mb: _tilelang_cluster(op, min_blocks=mb, w_ahead=a))
-          for a, mb in ((2, None), (4, 3), (99, 3), (99, 2))],
         (1, f"{name} 2 rows", lambda: _tilelang_cluster(op, rows=2)),
         (1, f"{name} 2 rows 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384, max_cluster=16, rows=2)),
         (2, f"{name} 2 rows 2 blocks", lambda: _tilelang_cluster(op, rows=2, min_blocks=2)),

@@ -100,21 +100,6 @@ def _segment_loader(plan: Plan):
     return load
 
 
-def _plus(c, a: int):
-    """Chunk c + a, written so that a = 0 leaves the program as it was."""
-    return c + a if a else c
-
-
-def _ahead(v, wa, ba, q, j, has_w: bool, has_b: bool):
-    """As _programs._affine, with the weight and bias of chunk q taken from the registers they
-    were loaded into ahead (plan.w_ahead)."""
-    if has_w:
-        v = v * T.cast(wa[q, j], F32)
-    if has_b:
-        v = v + T.cast(ba[q, j], F32)
-    return v
-
-
 def _row_of(row, r, M, R: int):
     """Row r of a block whose first row is ``row``. With R > 1 the last block may reach past M: it
     carries row M - 1 again in the missing places (the same values written twice by the same
@@ -130,7 +115,6 @@ def rms_norm_cluster(plan: Plan):
     NW, _ = _signature_sizes(plan)
     M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w = plan.has_weight
-    A = min(plan.w_ahead, chunks) if has_w else 0  # chunks of the weight loaded ahead
 
     XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
 
@@ -148,18 +132,12 @@ def rms_norm_cluster(plan: Plan):
             mine = T.alloc_shared((R,), F32)
             slots = T.alloc_shared((C, R), F32)
             T.annotate_layout({acc: _rows_layout(plan, R, K)})
-            if A:
-                wa = T.alloc_fragment((A, K), dt)
-                T.annotate_layout({wa: _rows_layout(plan, A, K)})
             for p, k in T.Parallel(C, R):
                 slots[p, k] = 0.0
             T.cluster_arrive()
             row = bx // C * R  # the block's first row
             base = (bx % C) * S
             load_segment(X, xs, row, base, sxv, M)
-            if A:
-                for q, j in T.Parallel(A, K):
-                    wa[q, j] = T.if_then_else(base + q * K + j < N, W[base + q * K + j], T.cast(0, dt))
             for r, j in T.Parallel(R, K):
                 acc[r, j] = 0.0
             for c in _chunk_loop(chunks):
@@ -178,14 +156,7 @@ def rms_norm_cluster(plan: Plan):
                 for p in T.serial(C):  # rank order: the same sum in every block
                     ss[r] += slots[p, r]
                 ss[r] = T.rsqrt(ss[r] / N + eps)
-            if A:
-                for c in T.unroll(A):
-                    for r, j in T.Parallel(R, K):
-                        if base + c * K + j < N:
-                            Y[T.cast(_row_of(row, r, M, R), "int64") * syv * vec + base + c * K + j] = T.cast(_ahead(
-                                T.cast(xs[r, c * K + j], F32) * ss[r], wa, None, c, j, has_w, False), dt)
-            for c0 in _chunk_loop(chunks - A):
-                c = _plus(c0, A)
+            for c in _chunk_loop(chunks):
                 for r, j in T.Parallel(R, K):
                     if base + c * K + j < N:
                         Y[T.cast(_row_of(row, r, M, R), "int64") * syv * vec + base + c * K + j] = T.cast(_affine(
@@ -209,7 +180,6 @@ def layer_norm_cluster(plan: Plan):
     M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w, has_b = plan.has_weight, plan.has_bias
     last = N - (C - 1) * S  # columns of the last block; every other block has S
-    A = min(plan.w_ahead, chunks) if has_w and has_b else 0  # chunks of weight and bias loaded ahead
 
     XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
 
@@ -228,10 +198,6 @@ def layer_norm_cluster(plan: Plan):
             mine = T.alloc_shared((2 * R,), F32)
             slots = T.alloc_shared((C, 2 * R), F32)
             T.annotate_layout({acc: _rows_layout(plan, R, K)})
-            if A:
-                wa = T.alloc_fragment((A, K), dt)
-                ba = T.alloc_fragment((A, K), dt)
-                T.annotate_layout({wa: _rows_layout(plan, A, K), ba: _rows_layout(plan, A, K)})
             for p, k in T.Parallel(C, 2 * R):
                 slots[p, k] = 0.0
             T.cluster_arrive()
@@ -239,10 +205,6 @@ def layer_norm_cluster(plan: Plan):
             base = (bx % C) * S
             nb = T.if_then_else(bx % C == C - 1, last, S)
             load_segment(X, xs, row, base, sxv, M)
-            if A:
-                for q, j in T.Parallel(A, K):
-                    wa[q, j] = T.if_then_else(base + q * K + j < N, W[base + q * K + j], T.cast(0, dt))
-                    ba[q, j] = T.if_then_else(base + q * K + j < N, B[base + q * K + j], T.cast(0, dt))
             for r, j in T.Parallel(R, K):
                 acc[r, j] = 0.0
             for c in _chunk_loop(chunks):
@@ -274,14 +236,7 @@ def layer_norm_cluster(plan: Plan):
                         slots[p, 2 * r] / T.if_then_else(p == C - 1, last, S) - s1[r]) * (
                         slots[p, 2 * r] / T.if_then_else(p == C - 1, last, S) - s1[r])
                 s2[r] = T.rsqrt(s2[r] / N + eps)  # s2 now holds rstd
-            if A:
-                for c in T.unroll(A):
-                    for r, j in T.Parallel(R, K):
-                        if base + c * K + j < N:
-                            Y[T.cast(_row_of(row, r, M, R), "int64") * syv * vec + base + c * K + j] = T.cast(_ahead(
-                                (T.cast(xs[r, c * K + j], F32) - s1[r]) * s2[r], wa, ba, c, j, has_w, has_b), dt)
-            for c0 in _chunk_loop(chunks - A):
-                c = _plus(c0, A)
+            for c in _chunk_loop(chunks):
                 for r, j in T.Parallel(R, K):
                     if base + c * K + j < N:
                         Y[T.cast(_row_of(row, r, M, R), "int64") * syv * vec + base + c * K + j] = T.cast(_affine(

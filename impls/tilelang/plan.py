@@ -70,9 +70,6 @@ class Plan:
     # The block's threads work on each of its rows in turn (the cluster kernels) rather than a
     # group of threads_per_row on each row.
     rows_share_threads: bool = False
-    # Cluster kernels: chunks of the weight (and bias) loaded into registers before the block's
-    # reductions, so their round trip overlaps the reductions and the cluster barrier.
-    w_ahead: int = 0
 
     @property
     def threads(self) -> int:
