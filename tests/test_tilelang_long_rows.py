@@ -27,9 +27,11 @@ def test_cluster_plan_covers_the_row_in_at_most_eight_blocks(variant, dtype, n):
     assert (c - 1) * plan.padded < n <= c * plan.padded  # no block without columns
     seg_bytes = plan.padded * dtype.itemsize
     assert seg_bytes + 1024 <= SM_SHARED  # the segment (and the exchange slots) fit one block's shared memory
-    if plan.min_blocks:  # a launch bound that shared memory and the register floor both allow
-        assert plan.min_blocks * seg_bytes <= SM_SHARED
-        assert plan.min_blocks * plan.threads * MIN_REGISTERS <= SM_REGISTERS
+    rows = plan.rows_per_block
+    assert plan.rows_share_threads  # every thread of the block works on each of its rows
+    if plan.min_blocks:  # a launch bound that shared memory and the register floor (per row) both allow
+        assert plan.min_blocks * (rows * seg_bytes + 1024) <= SM_SHARED
+        assert plan.min_blocks * plan.threads * MIN_REGISTERS * rows <= SM_REGISTERS
 
 
 def test_cluster_plan_shares_an_sm_at_the_long_rows():
@@ -39,10 +41,28 @@ def test_cluster_plan_shares_an_sm_at_the_long_rows():
     def plan(dtype, n):
         return cluster_plan("cluster", dtype, n, True, False, 16 // dtype.itemsize)
 
-    assert (cluster_size(plan(torch.bfloat16, 65536)), plan(torch.bfloat16, 65536).min_blocks) == (4, 4)
+    assert (cluster_size(plan(torch.bfloat16, 32768)), plan(torch.bfloat16, 32768).min_blocks) == (2, 4)
     assert plan(torch.bfloat16, 131072).padded * 2 == 32768
     assert (plan(torch.bfloat16, 262144).threads, plan(torch.bfloat16, 262144).min_blocks) == (512, 2)
     assert plan(torch.float32, 262144).min_blocks is None
+
+
+@pytest.mark.parametrize("dtype,n,rows", [
+    (torch.bfloat16, 32768, 1), (torch.bfloat16, 65536, 2), (torch.float16, 131072, 2), (torch.bfloat16, 262144, 1),
+    (torch.float32, 65536, 2), (torch.float32, 131072, 1),
+])
+def test_rmsnorm_blocks_carry_two_rows_where_a_segment_takes_256_threads(dtype, n, rows):
+    """_long_plan.RMS_ROWS from N = 65536 while a row's segment takes 256 threads, at two blocks an
+    SM (2 x 64 registers a thread); LayerNorm and the TMA form keep one row a block."""
+    from impls.tilelang._candidates import cluster_tma
+
+    vec = 16 // dtype.itemsize
+    plan = cluster_plan("cluster", dtype, n, True, False, vec)
+    assert (plan.rows_per_block, plan.threads) == (rows, 256 if rows == 2 else plan.threads)
+    if rows == 2:
+        assert plan.min_blocks == 2 and cluster_size(plan) == -(-n // plan.padded)
+    assert cluster_plan("layer_norm_cluster", dtype, n, True, True, vec).rows_per_block == 1
+    assert cluster_tma("rms_norm").plan_for(dtype, n, True, False, vec).rows_per_block == 1
 
 
 def test_cluster_plan_is_one_for_every_m():

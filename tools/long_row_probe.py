@@ -114,18 +114,18 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     segments and LayerNorm register caps (maxnreg 64, 80: 18-77%) were slower. At 630c0b1-98d44c4
     (item 54): the next row's load before the row's reductions gained LayerNorm 0.4-13 points
     (now the settings' for LayerNorm), caps of 96 and 112 registers on that kernel did not gain
-    (removed), and weight and bias held at 2048 x 4 warps led for float32 LayerNorm 65536 only."""
+    (removed), and weight and bias held at 2048 x 4 warps led for float32 LayerNorm 65536 only.
+    At 725bf38 and 53ab279 (item 55): two rows a TileLang block at two blocks an SM led for
+    RMSNorm (now its plan) and lost for LayerNorm; two or four rows with smaller segments, and
+    the weight and bias loaded into registers before the reductions, were slower or level
+    (removed); triton.split's store step in two halves led by at most 3 points (not taken)."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
-        # Two rows a block: one weight (and bias) load for both, half the L2 reads of them
-        (1, f"{name} 2 rows", lambda: _tilelang_cluster(op, rows=2)),
-        (1, f"{name} 2 rows 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384, max_cluster=16, rows=2)),
-        (2, f"{name} 2 rows 2 blocks", lambda: _tilelang_cluster(op, rows=2, min_blocks=2)),
-        (2, f"{name} 2 rows 16KB segments 3 blocks",
-         lambda: _tilelang_cluster(op, segment_bytes=16384, max_cluster=16, rows=2, min_blocks=3)),
-        (2, f"{name} 4 rows 8KB segments",
-         lambda: _tilelang_cluster(op, segment_bytes=8192, max_cluster=16, rows=4)),
+        # Rows a block (the same threads on each; one weight and bias load for them): RMSNorm's
+        # plan carries 2 from N = 65536 (_long_plan.RMS_ROWS), LayerNorm's one
+        (1, f"{name} {'1 row' if op == 'rms_norm' else '2 rows'}",
+         lambda: _tilelang_cluster(op, rows=1 if op == "rms_norm" else 2)),
         (2, f"{name} TMA", lambda: _tilelang_tma(op)),
         (2, f"{name} TMA 16KB segments", lambda: _tilelang_tma(op, segment_bytes=16384)),
         (2, f"{name} TMA 6 blocks", lambda: _tilelang_tma(op, min_blocks=6)),
@@ -153,8 +153,9 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     if op == "layer_norm":  # weight and bias held, at widths of 16 columns a thread (item 54)
         c += [(2, f"triton.split weight held {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, hold_w=True))
               for bn, w in ((1024, 2), (2048, 4), (4096, 8))]
-        # impls/triton/_candidates.py: the store step in two halves (fewer registers); not measured yet
-        c += [(1, "triton.split store halves", lambda: _triton_halves())]
+        # impls/triton/_candidates.py: the store step in two halves (fewer registers); within 3
+        # points of triton.split at 725bf38 (item 55)
+        c += [(2, "triton.split store halves", lambda: _triton_halves())]
         c += [(2, f"triton.split store halves {bn}x{w}w", lambda bn=bn, w=w: _triton_halves(bn, w))
               for bn, w in ((2048, 2), (2048, 4), (4096, 4), (8192, 8))]
     if op == "rms_norm":  # the weight held in registers (LayerNorm's weight and bias held: slower, item 52)

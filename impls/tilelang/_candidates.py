@@ -136,10 +136,8 @@ class _ClusterTMA:
                  m: int | None = None) -> Plan:
         if vec * dtype.itemsize != 16:
             raise UnsupportedCase(f"{self.name} (TMA): rows must start 16-byte aligned (vector of {vec})")
-        if self.segment_bytes:
-            plan = cluster_plan(self.variant, dtype, n, has_weight, has_bias, vec, segment_bytes=self.segment_bytes)
-        else:
-            plan = super().plan_for(dtype, n, has_weight, has_bias, vec, m)
+        # One row a block: the TMA form loads one row's segment
+        plan = cluster_plan(self.variant, dtype, n, has_weight, has_bias, vec, segment_bytes=self.segment_bytes, rows=1)
         return dataclasses.replace(plan, variant=plan.variant + TMA, min_blocks=self.min_blocks or plan.min_blocks)
 
     def fast_plan(self, x, x2, weight, bias, spec):

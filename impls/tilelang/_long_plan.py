@@ -23,8 +23,15 @@ SEGMENT_BYTES = 32768
 # 256 threads while a segment is at most VECTORS 16-byte vectors a thread, 512 beyond (measured,
 # tools/long_row_probe.py at 2bfae55: 512 threads 20 points slower at 8 vectors, 3-9 faster at 16).
 THREADS, VECTORS = 256, 8
-# The launch bound never leaves ptxas fewer registers a thread than this.
+# The launch bound never leaves ptxas fewer registers a thread than this for each row a block carries.
 MIN_REGISTERS = 64
+# RMSNorm's rows a block from N = ROWS_MIN_N where a row's segment takes THREADS threads: the
+# block's threads carry both rows, one weight load serves them, and the launch bound leaves
+# 2 x MIN_REGISTERS a thread (two blocks an SM). Measured (tools/long_row_probe.py at 725bf38 and
+# 53ab279, docs/perf-notes.md item 55): 1.5-3 points over one row at 16-bit 65536, fp16 131072
+# and float32 65536, level at bf16 131072; at three blocks an SM (80 registers) slower, and
+# LayerNorm slower either way.
+RMS_ROWS, ROWS_MIN_N = 2, 65536
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
 
@@ -35,12 +42,13 @@ def cluster_size(plan: Plan) -> int:
 
 def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
                  threads: int | None = None, segment_bytes: int | None = None,
-                 max_cluster: int = MAX_CLUSTER, rows: int = 1) -> Plan:
+                 max_cluster: int = MAX_CLUSTER, rows: int | None = None) -> Plan:
     """The fewest blocks per row (a power of two, at most ``max_cluster``) whose segments hold at
     most ``segment_bytes`` (default SEGMENT_BYTES) of x, each segment a multiple of threads x 16
     bytes of columns; the overrides are for tools/long_row_probe. ``rows``: rows a block carries
-    (its threads work on each; a segment of each in shared memory). The launch bound is as many
-    blocks as shared memory holds, while that leaves ptxas MIN_REGISTERS per thread: unbounded,
+    (its threads work on each; a segment of each in shared memory; default RMS_ROWS for RMSNorm
+    from ROWS_MIN_N at THREADS threads, else one). The launch bound is as many blocks as shared
+    memory holds, while that leaves ptxas MIN_REGISTERS per thread and row: unbounded,
     ptxas keeps every vector of the segment's load in flight in registers (87 at bf16 262144,
     256 threads: two blocks an SM where three fit)."""
     dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
@@ -50,9 +58,12 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     while c < max_cluster and -(-n // c) * size > most:
         c *= 2
     tpr = threads or (THREADS if -(-n // c) * size <= THREADS * 16 * VECTORS else 2 * THREADS)
+    if rows is None:
+        rows = RMS_ROWS if variant == "cluster" and n >= ROWS_MIN_N and tpr == THREADS else 1
     unit = tpr * max_vec(getattr(torch, dt))
     seg = -(-(-(-n // c)) // unit) * unit
-    fit = min(SM_SHARED // (rows * seg * size + 1024), SM_THREADS // tpr, SM_REGISTERS // (tpr * MIN_REGISTERS))
+    fit = min(SM_SHARED // (rows * seg * size + 1024), SM_THREADS // tpr,
+              SM_REGISTERS // (tpr * MIN_REGISTERS * rows))
     # A row of one block (no cluster) takes no bound: at 64 registers its LayerNorm spills (bf16
     # 16384 with bias: 4 bytes), and such rows are the row-per-block kernels' anyway.
     bound = fit if fit > 1 and -(-n // seg) > 1 else None
