@@ -5,7 +5,8 @@
         python -m tools.profile_target --op layer_norm --kernel tilelang.layer_norm_cluster --shape 4096x131072
 
 --backward runs the kernel's backward instead (the forward once first, for its saved statistics).
-Inputs: bfloat16 unless --dtype says otherwise, weight (and bias for LayerNorm) present.
+Inputs: bfloat16 unless --dtype says otherwise, weight (and bias for LayerNorm) present unless
+--no-affine (the forward without them: what the weight and bias reads cost).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--backward", action="store_true")
+    p.add_argument("--no-affine", action="store_true", help="the forward without weight and bias")
     args = p.parse_args(argv)
     from impls import registry
     from impls.base import DEFAULT_EPS, NormGrads
@@ -36,6 +38,10 @@ def main(argv=None) -> int:
     w = (1 + 0.1 * torch.randn(n, generator=g, device="cuda")).to(dtype)
     b = (0.1 * torch.randn(n, generator=g, device="cuda")).to(dtype) if args.op == "layer_norm" else None
     eps = DEFAULT_EPS[args.op]
+    if args.no_affine:
+        if args.backward:
+            p.error("--no-affine is for the forward")
+        w = b = None
     fwd = k(x, w, b, eps)
     if args.backward:
         dy = torch.randn_like(x)
@@ -46,7 +52,8 @@ def main(argv=None) -> int:
         for _ in range(args.calls):
             k(x, w, b, eps)
     torch.cuda.synchronize()
-    print(f"{args.op} {args.kernel} {m}x{n} {args.dtype}{' backward' if args.backward else ''}: {args.calls} calls")
+    print(f"{args.op} {args.kernel} {m}x{n} {args.dtype}{' backward' if args.backward else ''}"
+          f"{' no affine' if args.no_affine else ''}: {args.calls} calls")
     return 0
 
 
