@@ -157,3 +157,20 @@ def test_lagged_split_rows_with_one_program_a_row(name, next_first):
     torch.testing.assert_close(rstd.double(), want_rstd, rtol=1e-5, atol=0)
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
     assert not words.any() and not done.any()
+
+
+def test_probe_row_candidates_run_the_rows_they_name():
+    """tools/long_row_probe's "1 row" RMSNorm candidate runs one row a block against the plan's two
+    (at 4f8c23e it ran the registered plan: a comparison of a kernel with itself)."""
+    import torch
+
+    from impls import registry
+    from tools import long_row_probe as probe
+
+    registry.load_all()
+    for op, label, rows in (("rms_norm", "tilelang.cluster", 2), ("rms_norm", "tilelang.cluster 1 row", 1),
+                            ("layer_norm", "tilelang.layer_norm_cluster", 1),
+                            ("layer_norm", "tilelang.layer_norm_cluster 2 rows", 2)):
+        make = {lab: m for _, lab, m in probe.candidates(op)}[label]
+        plan = make().plan_for(torch.bfloat16, 65536, True, op == "layer_norm", 8)
+        assert plan.rows_per_block == rows, label

@@ -64,9 +64,9 @@ def _triton_halves(block_n=None, warps=None):
     return k
 
 
-def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=1, min_blocks=None):
+def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=None, min_blocks=None):
     """tilelang.cluster or tilelang.layer_norm_cluster with another plan: threads, segment size,
-    cluster limit, rows a block carries, launch bound (blocks an SM)."""
+    cluster limit, rows a block carries (None: the plan's rule), launch bound (blocks an SM)."""
     import dataclasses
 
     from impls.tilelang._long_plan import cluster_plan
@@ -74,7 +74,7 @@ def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     k.__dict__.pop("_plans", None)
-    if threads or segment_bytes or max_cluster != 8 or rows != 1 or min_blocks:
+    if threads or segment_bytes or max_cluster != 8 or rows is not None or min_blocks:
         def plan_for(dtype, n, hw, hb, vec, m=None):
             plan = cluster_plan(variant, dtype, n, hw, hb, vec, threads, segment_bytes, max_cluster, rows)
             return dataclasses.replace(plan, min_blocks=min_blocks or plan.min_blocks)
