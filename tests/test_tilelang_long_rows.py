@@ -35,9 +35,9 @@ def test_cluster_plan_covers_the_row_in_at_most_eight_blocks(variant, dtype, n):
 
 
 def test_cluster_plan_shares_an_sm_at_the_long_rows():
-    """Segments of at most 32 KB at N = 65536 and 131072 in 16-bit (four blocks of 256 threads an
-    SM), 64 KB at 262144 (512 threads, two blocks at the register floor), 128 KB for float32 at
-    262144 (one block: no bound)."""
+    """Segments of at most 32 KB up to N = 131072 in 16-bit (four blocks of 256 threads an SM at
+    one row a block), 64 KB at 262144 (512 threads, two blocks at the register floor), 128 KB for
+    float32 at 262144 (one block: no bound)."""
     def plan(dtype, n):
         return cluster_plan("cluster", dtype, n, True, False, 16 // dtype.itemsize)
 

@@ -9,6 +9,12 @@ order: the same float32 value in every block of the row, in an order that depend
 nor the launch, so the kernels are deterministic and batch invariant. Each block then scales its
 segment from shared memory and stores it.
 
+A block may carry R = plan.rows_per_block consecutive rows (grid ceil(M / R) x CLUSTER): its
+threads work on each (_rows_layout), one weight and bias load serves all R, and each row's
+partials travel in slots of their own. A row is summed in the same order whichever of the R it
+is, so its bits depend on neither M nor its place in the block; the last block repeats row
+M - 1 where M is not a multiple of R.
+
 The segment lives in shared memory, not registers, so a thread holds a few vectors at a time and
 several blocks (of different clusters) share an SM (the plan's launch bound): one block's loads
 run while another waits at its cluster barrier. A segment in registers instead (one block an SM
@@ -35,7 +41,7 @@ import tilelang.language as T
 from tilelang.cuda.language import copy as cuda_copy
 
 from impls.tilelang._long_plan import TMA, cluster_size
-from impls.tilelang._programs import F32, _affine, _row_layout, _signature_sizes
+from impls.tilelang._programs import F32, _affine, _signature_sizes
 from impls.tilelang.plan import Plan
 
 
