@@ -65,17 +65,6 @@ def test_rmsnorm_blocks_carry_two_rows_where_a_segment_takes_256_threads(dtype, 
     assert cluster_tma("rms_norm").plan_for(dtype, n, True, False, vec).rows_per_block == 1
 
 
-@pytest.mark.parametrize("variant", ["cluster", "layer_norm_cluster"])
-def test_the_first_arrive_is_relaxed_only_where_one_block_fills_an_sm(variant):
-    """_long_plan.RELAXED_ARRIVE_UNBOUNDED: float32 at 262144 (128 KB segments, no launch bound);
-    every plan with a launch bound keeps the fenced arrive and its zeroed slots."""
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for n in (32768, 65536, 100000, 131072, 262143, 262144):
-            plan = cluster_plan(variant, dtype, n, True, variant == "layer_norm_cluster", choose_vec(dtype, n))
-            assert plan.relaxed_arrive == (dtype == torch.float32 and n >= 262143), (dtype, n)
-            assert plan.relaxed_arrive == (plan.min_blocks is None), (dtype, n)
-
-
 def test_cluster_plan_is_one_for_every_m():
     plan = make_plan("cluster", torch.bfloat16, 65536, True, False, 8, m=1)
     assert plan == make_plan("cluster", torch.bfloat16, 65536, True, False, 8)

@@ -64,11 +64,9 @@ def _triton_halves(block_n=None, warps=None):
     return k
 
 
-def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=None, min_blocks=None,
-                      relaxed=None):
+def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=None, min_blocks=None):
     """tilelang.cluster or tilelang.layer_norm_cluster with another plan: threads, segment size,
-    cluster limit, rows a block carries (None: the plan's rule), launch bound (blocks an SM), the
-    first cluster arrive relaxed or fenced (None: the plan's rule)."""
+    cluster limit, rows a block carries (None: the plan's rule), launch bound (blocks an SM)."""
     import dataclasses
 
     from impls.tilelang._long_plan import cluster_plan
@@ -76,11 +74,10 @@ def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     k.__dict__.pop("_plans", None)
-    if threads or segment_bytes or max_cluster != 8 or rows is not None or min_blocks or relaxed is not None:
+    if threads or segment_bytes or max_cluster != 8 or rows is not None or min_blocks:
         def plan_for(dtype, n, hw, hb, vec, m=None):
             plan = cluster_plan(variant, dtype, n, hw, hb, vec, threads, segment_bytes, max_cluster, rows)
-            return dataclasses.replace(plan, min_blocks=min_blocks or plan.min_blocks,
-                                       relaxed_arrive=plan.relaxed_arrive if relaxed is None else relaxed)
+            return dataclasses.replace(plan, min_blocks=min_blocks or plan.min_blocks)
         k.plan_for = plan_for
     return k
 
@@ -127,9 +124,6 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (1, name, lambda: _tilelang_cluster(op)),
         # Rows a block (the same threads on each; one weight and bias load for them): RMSNorm's
         # plan carries 2 from N = 65536 (_long_plan.RMS_ROWS), LayerNorm's one
-        # The first cluster arrive with its fence (MEMBAR.ALL.GPU) or relaxed (_long_plan.RELAXED_ARRIVE)
-        (1, f"{name} fenced arrive", lambda: _tilelang_cluster(op, relaxed=False)),
-        (2, f"{name} relaxed arrive", lambda: _tilelang_cluster(op, relaxed=True)),
         (1, f"{name} {'1 row' if op == 'rms_norm' else '2 rows'}",
          lambda: _tilelang_cluster(op, rows=1 if op == "rms_norm" else 2)),
         (2, f"{name} TMA", lambda: _tilelang_tma(op)),

@@ -32,12 +32,6 @@ MIN_REGISTERS = 64
 # and float32 65536, level at bf16 131072; at three blocks an SM (80 registers) slower, and
 # LayerNorm slower either way.
 RMS_ROWS, ROWS_MIN_N = 2, 65536
-# Where one block fills an SM (no launch bound: float32 at N = 262144), the first cluster arrive
-# is relaxed (Plan.relaxed_arrive): its release fence, before any load, stalls the SM's only
-# block. Measured (tools/long_row_probe.py at f0ad73f, docs/perf-notes.md item 55): float32
-# RMSNorm 262144 81.2% against 74.5%, LayerNorm 71.2 against 69.3; with several blocks an SM
-# the relaxed arrive lost up to 9 points.
-RELAXED_ARRIVE_UNBOUNDED = True
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
 
@@ -73,6 +67,4 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     # A row of one block (no cluster) takes no bound: at 64 registers its LayerNorm spills (bf16
     # 16384 with bias: 4 bytes), and such rows are the row-per-block kernels' anyway.
     bound = fit if fit > 1 and -(-n // seg) > 1 else None
-    relaxed = RELAXED_ARRIVE_UNBOUNDED and bound is None and -(-n // seg) > 1
-    return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, seg, bound, rows_share_threads=True,
-                relaxed_arrive=relaxed)
+    return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, seg, bound, rows_share_threads=True)

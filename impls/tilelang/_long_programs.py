@@ -138,12 +138,9 @@ def rms_norm_cluster(plan: Plan):
             mine = T.alloc_shared((R,), F32)
             slots = T.alloc_shared((C, R), F32)
             T.annotate_layout({acc: _rows_layout(plan, R, K)})
-            if plan.relaxed_arrive:  # the slots alias nothing: no fence needed before peers write them
-                T.cluster_arrive_relaxed()
-            else:
-                for p, k in T.Parallel(C, R):
-                    slots[p, k] = 0.0
-                T.cluster_arrive()
+            for p, k in T.Parallel(C, R):
+                slots[p, k] = 0.0
+            T.cluster_arrive()
             row = bx // C * R  # the block's first row
             base = (bx % C) * S
             load_segment(X, xs, row, base, sxv, M)
@@ -207,12 +204,9 @@ def layer_norm_cluster(plan: Plan):
             mine = T.alloc_shared((2 * R,), F32)
             slots = T.alloc_shared((C, 2 * R), F32)
             T.annotate_layout({acc: _rows_layout(plan, R, K)})
-            if plan.relaxed_arrive:  # as in rms_norm_cluster
-                T.cluster_arrive_relaxed()
-            else:
-                for p, k in T.Parallel(C, 2 * R):
-                    slots[p, k] = 0.0
-                T.cluster_arrive()
+            for p, k in T.Parallel(C, 2 * R):
+                slots[p, k] = 0.0
+            T.cluster_arrive()
             row = bx // C * R  # the block's first row
             base = (bx % C) * S
             nb = T.if_then_else(bx % C == C - 1, last, S)

@@ -30,9 +30,6 @@ SM90 = {"kind": "cuda", "arch": "sm_90"}
 # Our kernels guard every global access themselves; TileLang's legalisation would add a bounds
 # check per element against the flat buffer's length and lose the 16-byte accesses.
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
-# Plans with relaxed_arrive: no shared buffer reuses another's memory, so the cluster kernels'
-# exchange slots, which peers may write while the block still reduces, alias nothing.
-SLOTS_OWN_MEMORY = {"tl.disable_shared_memory_reuse": True}
 # How a compiled kernel is called from Python (TileLang's adapters); tools.host_cost measures the
 # host cost of each on a GPU.
 EXECUTION_BACKEND = "tvm_ffi"
@@ -118,7 +115,7 @@ def compile_program(program, plan: Plan, target: dict | None = None, what: str |
     what = what or plan.describe()
     try:
         return tl.compile(program, target=target or default_target(), execution_backend=execution_backend or EXECUTION_BACKEND,
-                          pass_configs={**PASS_CONFIGS, **(SLOTS_OWN_MEMORY if plan.relaxed_arrive else {})})
+                          pass_configs=PASS_CONFIGS)
     except Exception as exc:  # noqa: BLE001 (TileLang raises several types from its C++ side)
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         detail = " / ".join(lines[:3])[:600] or type(exc).__name__

@@ -70,9 +70,6 @@ class Plan:
     # The block's threads work on each of its rows in turn (the cluster kernels) rather than a
     # group of threads_per_row on each row.
     rows_share_threads: bool = False
-    # Cluster kernels: the first cluster arrive relaxed (no GPU-scope fence), with the exchange
-    # slots in shared memory of their own instead of zeroed (compiler.SLOTS_OWN_MEMORY).
-    relaxed_arrive: bool = False
 
     @property
     def threads(self) -> int:
