@@ -35,6 +35,40 @@ def test_tilelang_candidates_compile_for_sm90_without_spills():
             assert r["smem_dynamic"] > 16384, r
 
 
+@pytest.mark.parametrize("op,name", [("rms_norm", "tilelang.cluster"), ("layer_norm", "tilelang.layer_norm_cluster")])
+def test_cluster_exchange_candidates_compile_for_sm90(op, name):
+    """The probe's exchange candidates of the cluster kernels (Plan.mbar_exchange,
+    Plan.relaxed_arrive) build for sm_90 without spills, a padded N and float32 at 262144 among
+    them: the mbarrier form sends by st.async with no cluster barrier after it, the relaxed forms
+    arrive without the fence. They cannot run here; the probe's checks on the GPU are their first
+    run."""
+    import torch
+
+    from impls import registry
+    from impls.tilelang import compiler
+    from impls.tilelang.plan import choose_vec
+    from tools import long_row_probe as probe
+
+    tl, why = compiler.tilelang_module()
+    if tl is None:
+        pytest.skip(why)
+    if compiler.nvcc_path() is None:
+        pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
+    registry.load_all()
+    made = {lab: m for _, lab, m in probe.candidates(op)}
+    for label, dtype, n in (("mbarrier exchange", torch.bfloat16, 100000), ("mbarrier exchange", torch.float32, 262144),
+                            ("mbarrier exchange relaxed", torch.bfloat16, 65536),
+                            ("relaxed arrive", torch.float32, 262144)):
+        plan = made[f"{name} {label}"]().plan_for(dtype, n, True, op == "layer_norm", choose_vec(dtype, n))
+        assert plan.mbar_exchange == label.startswith("mbarrier") and plan.relaxed_arrive == ("relaxed" in label)
+        compiled = compiler.compile_plan(plan, compiler.SM90)
+        src, r = compiled.source(), compiler.ptxas_report(compiled)
+        assert r.sass_arch == "sm_90" and r.spill_stores == 0 and r.spill_loads == 0, (plan.describe(), r)
+        assert ("st.async.shared::cluster" in src) == plan.mbar_exchange, plan.describe()
+        assert ("cluster_sync()" in src) != plan.mbar_exchange, plan.describe()
+        assert ("cluster_arrive_relaxed()" in src) == plan.relaxed_arrive, plan.describe()
+
+
 def test_lagged_split_carries_the_previous_row():
     """The lagged split kernels store row i - 1 from x they loaded one step earlier. Triton 3.6
     dropped such a value from the loop's carried values when it started as the same tensor as

@@ -64,9 +64,11 @@ def _triton_halves(block_n=None, warps=None):
     return k
 
 
-def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=None, min_blocks=None):
+def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=None, min_blocks=None,
+                      **exchange):
     """tilelang.cluster or tilelang.layer_norm_cluster with another plan: threads, segment size,
-    cluster limit, rows a block carries (None: the plan's rule), launch bound (blocks an SM)."""
+    cluster limit, rows a block carries (None: the plan's rule), launch bound (blocks an SM), and
+    the exchange's Plan fields (mbar_exchange, relaxed_arrive)."""
     import dataclasses
 
     from impls.tilelang._long_plan import cluster_plan
@@ -74,10 +76,10 @@ def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     k.__dict__.pop("_plans", None)
-    if threads or segment_bytes or max_cluster != 8 or rows is not None or min_blocks:
+    if threads or segment_bytes or max_cluster != 8 or rows is not None or min_blocks or exchange:
         def plan_for(dtype, n, hw, hb, vec, m=None):
             plan = cluster_plan(variant, dtype, n, hw, hb, vec, threads, segment_bytes, max_cluster, rows)
-            return dataclasses.replace(plan, min_blocks=min_blocks or plan.min_blocks)
+            return dataclasses.replace(plan, min_blocks=min_blocks or plan.min_blocks, **exchange)
         k.plan_for = plan_for
     return k
 
@@ -122,6 +124,13 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
+        # The exchange by st.async completing on each peer's mbarrier, no cluster barrier after it
+        # (Plan.mbar_exchange), with the first cluster arrive fenced or relaxed; and the relaxed
+        # arrive alone (item 55: 81.2% against 74.5% at float32 RMSNorm 262144, slower elsewhere)
+        (1, f"{name} mbarrier exchange", lambda: _tilelang_cluster(op, mbar_exchange=True)),
+        (1, f"{name} mbarrier exchange relaxed", lambda: _tilelang_cluster(op, mbar_exchange=True,
+                                                                            relaxed_arrive=True)),
+        (1, f"{name} relaxed arrive", lambda: _tilelang_cluster(op, relaxed_arrive=True)),
         # Rows a block (the same threads on each; one weight and bias load for them): RMSNorm's
         # plan carries 2 from N = 65536 (_long_plan.RMS_ROWS), LayerNorm's one
         (1, f"{name} {'1 row' if op == 'rms_norm' else '2 rows'}",

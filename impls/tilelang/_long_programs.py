@@ -30,6 +30,16 @@ write to it.
 Conventions otherwise as in _programs (flat x and y, strides in units of vec, M symbolic,
 padded lanes read as zero and never stored).
 
+The mbarrier exchange (Plan.mbar_exchange; a probe candidate): thread p < CLUSTER of each block
+writes the block's partials into slot ``rank`` of peer p by st.async, which completes on peer p's
+mbarrier; each block's own arrive on its mbarrier expects CLUSTER x the partials' bytes, and
+every thread waits on it before summing the slots. No cluster barrier follows the stores: a block
+leaves once every peer's partials are in its own slots, and no peer writes to it after that. The
+one cluster barrier (arrive after the mbarrier's initialisation, wait before the first remote
+store) makes every peer's mbarrier ready before anyone completes on it. Plan.relaxed_arrive
+takes that first arrive without its release fence; with the barrier exchange it also leaves the
+slots unzeroed. Both give the slots shared memory of their own (compiler.SLOTS_OWN_MEMORY).
+
 The TMA form (plan variants ending _long_plan.TMA; a probe candidate, _candidates.cluster_tma)
 takes x as M x N rows and loads each segment with the tensor memory accelerator, straight into
 shared memory (docs/perf-notes.md item 53: correct, and slower at the rule's launch bound).
@@ -43,6 +53,64 @@ from tilelang.cuda.language import copy as cuda_copy
 from impls.tilelang._long_plan import TMA, cluster_size
 from impls.tilelang._programs import F32, _affine, _signature_sizes
 from impls.tilelang.plan import Plan
+
+# st.async of one float32 into the same slot of cluster peer ``cta``, completing ``4`` bytes on
+# that peer's mbarrier at the same offset as ``bar`` (mapa maps both addresses to the peer).
+_PUT_SOURCE = r"""
+__device__ __forceinline__ void normdiff_put_f32(void* slot, float value, void* bar, int cta) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(slot), b = (unsigned)__cvta_generic_to_shared(bar), rs, rb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rs) : "r"(s), "r"(cta));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(cta));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
+               :: "r"(rs), "f"(value), "r"(rb) : "memory");
+}
+"""
+
+
+def _exchange_barrier(plan: Plan):
+    """The mbarrier of the mbarrier exchange (its arrive count 1: the block's own arrive), and
+    the put's source in the generated CUDA; None for the barrier exchange."""
+    if not plan.mbar_exchange:
+        return None
+    T.import_source(_PUT_SOURCE)
+    return T.alloc_barrier(1)
+
+
+def _exchange(plan: Plan, C: int, W: int):
+    """Macros (start, send) of the exchange of W float32 partials per block between the C blocks
+    of a cluster (see the module's barriers): ``start`` before the loads, ``send`` once the
+    block's partials are in ``mine``; after ``send`` slot p holds peer p's partials."""
+    mbar = plan.mbar_exchange
+
+    @T.macro
+    def start(slots, bar):
+        if mbar:
+            if T.get_thread_binding() == 0:
+                T.mbarrier_arrive_expect_tx(bar[0], C * W * 4)
+        if plan.relaxed_arrive:
+            T.cluster_arrive_relaxed()
+        else:
+            if not mbar:  # zeroed so that the slots are live across the block reduction
+                for p, k in T.Parallel(C, W):
+                    slots[p, k] = 0.0
+            T.cluster_arrive()
+
+    @T.macro
+    def send(mine, slots, bar, rank):
+        T.cluster_wait()
+        if mbar:
+            tx = T.get_thread_binding()
+            if tx < C:
+                for k in T.unroll(W):
+                    T.call_extern("handle", "normdiff_put_f32", T.address_of(slots[rank, k]), mine[k],
+                                  T.address_of(bar[0]), tx)
+            T.mbarrier_wait_parity(bar[0], 0)
+        else:
+            for p in T.serial(C):
+                T.copy_cluster(mine[0:W], slots[rank, 0:W], dst_block=p)
+            T.cluster_sync()
+
+    return start, send
 
 
 def _smem_chunks(plan: Plan):
@@ -123,6 +191,7 @@ def rms_norm_cluster(plan: Plan):
     has_w = plan.has_weight
 
     XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
+    start_exchange, send_partials = _exchange(plan, C, R)
 
     @T.prim_func
     def main(
@@ -137,10 +206,9 @@ def rms_norm_cluster(plan: Plan):
             ss = T.alloc_fragment((R,), F32)
             mine = T.alloc_shared((R,), F32)
             slots = T.alloc_shared((C, R), F32)
+            bar = _exchange_barrier(plan)
             T.annotate_layout({acc: _rows_layout(plan, R, K)})
-            for p, k in T.Parallel(C, R):
-                slots[p, k] = 0.0
-            T.cluster_arrive()
+            start_exchange(slots, bar)
             row = bx // C * R  # the block's first row
             base = (bx % C) * S
             load_segment(X, xs, row, base, sxv, M)
@@ -153,10 +221,7 @@ def rms_norm_cluster(plan: Plan):
             for r in T.Parallel(R):
                 mine[r] = ss[r]
             # Every block's partial into slot rank of every peer (see the module's barriers).
-            T.cluster_wait()
-            for p in T.serial(C):
-                T.copy_cluster(mine[0:R], slots[bx % C, 0:R], dst_block=p)
-            T.cluster_sync()
+            send_partials(mine, slots, bar, bx % C)
             for r in T.unroll(R):
                 ss[r] = 0.0
                 for p in T.serial(C):  # rank order: the same sum in every block
@@ -188,6 +253,7 @@ def layer_norm_cluster(plan: Plan):
     last = N - (C - 1) * S  # columns of the last block; every other block has S
 
     XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
+    start_exchange, send_partials = _exchange(plan, C, 2 * R)
 
     @T.prim_func
     def main(
@@ -203,10 +269,9 @@ def layer_norm_cluster(plan: Plan):
             s2 = T.alloc_fragment((R,), F32)
             mine = T.alloc_shared((2 * R,), F32)
             slots = T.alloc_shared((C, 2 * R), F32)
+            bar = _exchange_barrier(plan)
             T.annotate_layout({acc: _rows_layout(plan, R, K)})
-            for p, k in T.Parallel(C, 2 * R):
-                slots[p, k] = 0.0
-            T.cluster_arrive()
+            start_exchange(slots, bar)
             row = bx // C * R  # the block's first row
             base = (bx % C) * S
             nb = T.if_then_else(bx % C == C - 1, last, S)
@@ -227,10 +292,7 @@ def layer_norm_cluster(plan: Plan):
             for r in T.Parallel(R):
                 mine[2 * r] = s1[r]
                 mine[2 * r + 1] = s2[r]
-            T.cluster_wait()
-            for p in T.serial(C):
-                T.copy_cluster(mine[0:2 * R], slots[bx % C, 0:2 * R], dst_block=p)
-            T.cluster_sync()
+            send_partials(mine, slots, bar, bx % C)
             for r in T.unroll(R):
                 s1[r] = 0.0
                 for p in T.serial(C):

@@ -30,6 +30,9 @@ SM90 = {"kind": "cuda", "arch": "sm_90"}
 # Our kernels guard every global access themselves; TileLang's legalisation would add a bounds
 # check per element against the flat buffer's length and lose the 16-byte accesses.
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
+# Cluster plans whose peers may write a block's exchange slots while it still reduces
+# (Plan.mbar_exchange, Plan.relaxed_arrive): no shared buffer reuses another's memory.
+SLOTS_OWN_MEMORY = {"tl.disable_shared_memory_reuse": True}
 # How a compiled kernel is called from Python (TileLang's adapters); tools.host_cost measures the
 # host cost of each on a GPU.
 EXECUTION_BACKEND = "tvm_ffi"
@@ -105,6 +108,12 @@ def _layout_failure(exc: BaseException) -> bool:
     return "layout" in f"{type(exc).__name__}: {exc}".lower()
 
 
+def pass_configs(plan: Plan) -> dict:
+    """TileLang's pass settings for a plan's program."""
+    own = plan.mbar_exchange or plan.relaxed_arrive
+    return {**PASS_CONFIGS, **(SLOTS_OWN_MEMORY if own else {})}
+
+
 def compile_program(program, plan: Plan, target: dict | None = None, what: str | None = None,
                     execution_backend: str | None = None):
     """Compile a prim_func with the backend's settings. Whatever TileLang raises comes back as
@@ -115,7 +124,7 @@ def compile_program(program, plan: Plan, target: dict | None = None, what: str |
     what = what or plan.describe()
     try:
         return tl.compile(program, target=target or default_target(), execution_backend=execution_backend or EXECUTION_BACKEND,
-                          pass_configs=PASS_CONFIGS)
+                          pass_configs=pass_configs(plan))
     except Exception as exc:  # noqa: BLE001 (TileLang raises several types from its C++ side)
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         detail = " / ".join(lines[:3])[:600] or type(exc).__name__

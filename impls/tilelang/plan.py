@@ -70,6 +70,12 @@ class Plan:
     # The block's threads work on each of its rows in turn (the cluster kernels) rather than a
     # group of threads_per_row on each row.
     rows_share_threads: bool = False
+    # Cluster kernels (_long_programs): the exchange of partials by st.async into each peer's
+    # slots, completing on the peer's mbarrier, instead of a cluster barrier after the remote
+    # stores; and the first cluster arrive relaxed (no GPU-scope fence before it). Either needs
+    # the slots in shared memory of their own (compiler.SLOTS_OWN_MEMORY).
+    mbar_exchange: bool = False
+    relaxed_arrive: bool = False
 
     @property
     def threads(self) -> int:
