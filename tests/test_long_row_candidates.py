@@ -36,12 +36,11 @@ def test_tilelang_candidates_compile_for_sm90_without_spills():
 
 
 @pytest.mark.parametrize("op,name", [("rms_norm", "tilelang.cluster"), ("layer_norm", "tilelang.layer_norm_cluster")])
-def test_cluster_exchange_candidates_compile_for_sm90(op, name):
-    """The probe's exchange candidates of the cluster kernels (Plan.mbar_exchange,
-    Plan.relaxed_arrive) build for sm_90 without spills, a padded N and float32 at 262144 among
-    them: the mbarrier form sends by st.async with no cluster barrier after it, the relaxed forms
-    arrive without the fence. They cannot run here; the probe's checks on the GPU are their first
-    run."""
+def test_cluster_candidate_forms_compile_for_sm90(op, name):
+    """The probe's candidate forms of the cluster kernels (Plan.mbar_exchange, relaxed_arrive,
+    stats_in_load) build for sm_90 without spills, a padded N and float32 at 262144 among them:
+    the mbarrier form sends by st.async with no cluster barrier after it, the relaxed forms arrive
+    without the fence. They cannot run here; the probe's checks on the GPU are their first run."""
     import torch
 
     from impls import registry
@@ -58,9 +57,11 @@ def test_cluster_exchange_candidates_compile_for_sm90(op, name):
     made = {lab: m for _, lab, m in probe.candidates(op)}
     for label, dtype, n in (("mbarrier exchange", torch.bfloat16, 100000), ("mbarrier exchange", torch.float32, 262144),
                             ("mbarrier exchange relaxed", torch.bfloat16, 65536),
-                            ("relaxed arrive", torch.float32, 262144)):
+                            ("relaxed arrive", torch.float32, 262144), ("stats in load", torch.bfloat16, 100000),
+                            ("stats in load, mbarrier exchange", torch.float32, 262144)):
         plan = made[f"{name} {label}"]().plan_for(dtype, n, True, op == "layer_norm", choose_vec(dtype, n))
-        assert plan.mbar_exchange == label.startswith("mbarrier") and plan.relaxed_arrive == ("relaxed" in label)
+        assert plan.mbar_exchange == ("mbarrier" in label) and plan.relaxed_arrive == ("relaxed" in label)
+        assert plan.stats_in_load == label.startswith("stats in load")
         compiled = compiler.compile_plan(plan, compiler.SM90)
         src, r = compiled.source(), compiler.ptxas_report(compiled)
         assert r.sass_arch == "sm_90" and r.spill_stores == 0 and r.spill_loads == 0, (plan.describe(), r)

@@ -68,7 +68,7 @@ def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=
                       **exchange):
     """tilelang.cluster or tilelang.layer_norm_cluster with another plan: threads, segment size,
     cluster limit, rows a block carries (None: the plan's rule), launch bound (blocks an SM), and
-    the exchange's Plan fields (mbar_exchange, relaxed_arrive)."""
+    Plan fields of the kernels' forms (mbar_exchange, relaxed_arrive, stats_in_load)."""
     import dataclasses
 
     from impls.tilelang._long_plan import cluster_plan
@@ -131,6 +131,11 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (1, f"{name} mbarrier exchange relaxed", lambda: _tilelang_cluster(op, mbar_exchange=True,
                                                                             relaxed_arrive=True)),
         (1, f"{name} relaxed arrive", lambda: _tilelang_cluster(op, relaxed_arrive=True)),
+        # Each chunk summed from registers on its way into shared memory (Plan.stats_in_load):
+        # one pass over shared memory fewer (RMSNorm), two (LayerNorm)
+        (1, f"{name} stats in load", lambda: _tilelang_cluster(op, stats_in_load=True)),
+        (1, f"{name} stats in load, mbarrier exchange", lambda: _tilelang_cluster(op, stats_in_load=True,
+                                                                                   mbar_exchange=True)),
         # Rows a block (the same threads on each; one weight and bias load for them): RMSNorm's
         # plan carries 2 from N = 65536 (_long_plan.RMS_ROWS), LayerNorm's one
         (1, f"{name} {'1 row' if op == 'rms_norm' else '2 rows'}",

@@ -174,6 +174,28 @@ def _segment_loader(plan: Plan):
     return load
 
 
+def _chunk_loader(plan: Plan):
+    """A macro that loads columns [col, col + K) of the block's rows into the fragment ``xf``
+    (padded lanes zero), for the kernels that sum a chunk in registers before it goes to shared
+    memory (Plan.stats_in_load)."""
+    N, vec, dt, R = plan.n, plan.vec, plan.dtype, plan.rows_per_block
+    assert not plan.variant.endswith(TMA), "the TMA form loads straight into shared memory"
+
+    @T.macro
+    def load(X, xf, row, col, sxv, M):
+        for r, j in T.Parallel(R, plan.threads * vec):
+            xf[r, j] = T.if_then_else(
+                col + j < N, X[T.cast(_row_of(row, r, M, R), "int64") * sxv * vec + col + j], T.cast(0, dt))
+    return load
+
+
+def _lane_count(plan: Plan, base, j):
+    """How many of the block's chunks hold a column of lane j (float32): chunks, but for the lanes
+    of the last block past N."""
+    K, chunks = _smem_chunks(plan)
+    return T.cast(T.if_then_else(plan.n - base - j > 0, T.min(T.ceildiv(plan.n - base - j, K), chunks), 0), F32)
+
+
 def _row_of(row, r, M, R: int):
     """Row r of a block whose first row is ``row``. With R > 1 the last block may reach past M: it
     carries row M - 1 again in the missing places (the same values written twice by the same
@@ -191,6 +213,7 @@ def rms_norm_cluster(plan: Plan):
     has_w = plan.has_weight
 
     XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
+    load_chunk = _chunk_loader(plan) if plan.stats_in_load else None
     start_exchange, send_partials = _exchange(plan, C, R)
 
     @T.prim_func
@@ -211,12 +234,22 @@ def rms_norm_cluster(plan: Plan):
             start_exchange(slots, bar)
             row = bx // C * R  # the block's first row
             base = (bx % C) * S
-            load_segment(X, xs, row, base, sxv, M)
             for r, j in T.Parallel(R, K):
                 acc[r, j] = 0.0
-            for c in _chunk_loop(chunks):
-                for r, j in T.Parallel(R, K):
-                    acc[r, j] += T.cast(xs[r, c * K + j], F32) * T.cast(xs[r, c * K + j], F32)
+            if plan.stats_in_load:  # each chunk summed from registers on its way to shared memory
+                xf = T.alloc_fragment((R, K), dt)
+                T.annotate_layout({xf: _rows_layout(plan, R, K)})
+                for c in _chunk_loop(chunks):
+                    load_chunk(X, xf, row, base + c * K, sxv, M)
+                    for r, j in T.Parallel(R, K):
+                        xs[r, c * K + j] = xf[r, j]
+                    for r, j in T.Parallel(R, K):
+                        acc[r, j] += T.cast(xf[r, j], F32) * T.cast(xf[r, j], F32)
+            else:
+                load_segment(X, xs, row, base, sxv, M)
+                for c in _chunk_loop(chunks):
+                    for r, j in T.Parallel(R, K):
+                        acc[r, j] += T.cast(xs[r, c * K + j], F32) * T.cast(xs[r, c * K + j], F32)
             T.reduce_sum(acc, ss, dim=1)
             for r in T.Parallel(R):
                 mine[r] = ss[r]
@@ -253,6 +286,7 @@ def layer_norm_cluster(plan: Plan):
     last = N - (C - 1) * S  # columns of the last block; every other block has S
 
     XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
+    load_chunk = _chunk_loader(plan) if plan.stats_in_load else None
     start_exchange, send_partials = _exchange(plan, C, 2 * R)
 
     @T.prim_func
@@ -275,20 +309,54 @@ def layer_norm_cluster(plan: Plan):
             row = bx // C * R  # the block's first row
             base = (bx % C) * S
             nb = T.if_then_else(bx % C == C - 1, last, S)
-            load_segment(X, xs, row, base, sxv, M)
-            for r, j in T.Parallel(R, K):
-                acc[r, j] = 0.0
-            for c in _chunk_loop(chunks):
+            if plan.stats_in_load:
+                # Each lane's values on their way to shared memory, about the lane's first one (sh):
+                # acc their sum, acc2 their squares; then the lane's mean and M2, within (chunks + 1)
+                # float32 roundings since the shift is one of the lane's own values; the block's
+                # sum and its M2 about the block's mean from the lanes' (Chan).
+                xf = T.alloc_fragment((R, K), dt)
+                sh = T.alloc_fragment((R, K), F32)
+                acc2 = T.alloc_fragment((R, K), F32)
+                T.annotate_layout({xf: _rows_layout(plan, R, K), sh: _rows_layout(plan, R, K),
+                                   acc2: _rows_layout(plan, R, K)})
+                load_chunk(X, xf, row, base, sxv, M)
                 for r, j in T.Parallel(R, K):
-                    acc[r, j] += T.cast(xs[r, c * K + j], F32)
-            T.reduce_sum(acc, s1, dim=1)
-            for r, j in T.Parallel(R, K):
-                acc[r, j] = 0.0
-            for c in _chunk_loop(chunks):
+                    xs[r, j] = xf[r, j]
                 for r, j in T.Parallel(R, K):
-                    acc[r, j] += T.if_then_else(base + c * K + j < N, (T.cast(xs[r, c * K + j], F32) - s1[r] / nb) * (
-                        T.cast(xs[r, c * K + j], F32) - s1[r] / nb), 0.0)
-            T.reduce_sum(acc, s2, dim=1)
+                    sh[r, j] = T.cast(xf[r, j], F32)
+                    acc[r, j] = 0.0
+                    acc2[r, j] = 0.0
+                for c in _chunk_loop(chunks - 1):
+                    load_chunk(X, xf, row, base + (c + 1) * K, sxv, M)
+                    for r, j in T.Parallel(R, K):
+                        xs[r, (c + 1) * K + j] = xf[r, j]
+                    for r, j in T.Parallel(R, K):
+                        acc[r, j] += T.if_then_else(base + (c + 1) * K + j < N, T.cast(xf[r, j], F32) - sh[r, j], 0.0)
+                        acc2[r, j] += T.if_then_else(base + (c + 1) * K + j < N, (T.cast(xf[r, j], F32) - sh[r, j]) * (
+                            T.cast(xf[r, j], F32) - sh[r, j]), 0.0)
+                for r, j in T.Parallel(R, K):  # sh: the lane's mean, acc2: its M2, acc: its sum
+                    acc2[r, j] = acc2[r, j] - acc[r, j] * acc[r, j] / T.max(_lane_count(plan, base, j), 1.0)
+                    sh[r, j] = sh[r, j] + acc[r, j] / T.max(_lane_count(plan, base, j), 1.0)
+                    acc[r, j] = _lane_count(plan, base, j) * sh[r, j]
+                T.reduce_sum(acc, s1, dim=1)
+                for r, j in T.Parallel(R, K):
+                    acc[r, j] = acc2[r, j] + _lane_count(plan, base, j) * (sh[r, j] - s1[r] / nb) * (sh[r, j] - s1[r] / nb)
+                T.reduce_sum(acc, s2, dim=1)
+            else:
+                load_segment(X, xs, row, base, sxv, M)
+                for r, j in T.Parallel(R, K):
+                    acc[r, j] = 0.0
+                for c in _chunk_loop(chunks):
+                    for r, j in T.Parallel(R, K):
+                        acc[r, j] += T.cast(xs[r, c * K + j], F32)
+                T.reduce_sum(acc, s1, dim=1)
+                for r, j in T.Parallel(R, K):
+                    acc[r, j] = 0.0
+                for c in _chunk_loop(chunks):
+                    for r, j in T.Parallel(R, K):
+                        acc[r, j] += T.if_then_else(base + c * K + j < N, (T.cast(xs[r, c * K + j], F32) - s1[r] / nb) * (
+                            T.cast(xs[r, c * K + j], F32) - s1[r] / nb), 0.0)
+                T.reduce_sum(acc, s2, dim=1)
             for r in T.Parallel(R):
                 mine[2 * r] = s1[r]
                 mine[2 * r + 1] = s2[r]

@@ -76,6 +76,10 @@ class Plan:
     # the slots in shared memory of their own (compiler.SLOTS_OWN_MEMORY).
     mbar_exchange: bool = False
     relaxed_arrive: bool = False
+    # Cluster kernels: each chunk of the segment summed from registers on its way into shared
+    # memory, instead of read back from there (one pass over shared memory fewer for RMSNorm,
+    # two for LayerNorm, whose lanes sum about their first value).
+    stats_in_load: bool = False
 
     @property
     def threads(self) -> int:
