@@ -148,6 +148,10 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (1, "triton.split next after", lambda: _triton_split(op, next_first=False)),
         *[(2, f"triton.split next first {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, next_first=True))
           for bn, w in ((1024, 2), (2048, 2), (2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16))],
+        # One warp a program: its reductions need no shared memory and no block barrier (3 a
+        # reduction at 2 warps, offline sm_90 SASS), at up to 64 programs a row
+        *[(1, f"triton.split next first {bn}x1w", lambda bn=bn: _triton_split(op, 1, bn, 1, next_first=True))
+          for bn in (1024, 2048)],
         (2, "triton.split" + NO_AFFINE, lambda: _triton_split(op)),
         (2, name + NO_AFFINE, lambda: _tilelang_cluster(op)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),
