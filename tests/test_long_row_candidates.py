@@ -36,11 +36,13 @@ def test_tilelang_candidates_compile_for_sm90_without_spills():
 
 
 @pytest.mark.parametrize("op,name", [("rms_norm", "tilelang.cluster"), ("layer_norm", "tilelang.layer_norm_cluster")])
-def test_cluster_candidate_forms_compile_for_sm90(op, name):
-    """The probe's candidate forms of the cluster kernels (Plan.mbar_exchange, relaxed_arrive,
-    stats_in_load) build for sm_90 without spills, a padded N and float32 at 262144 among them:
-    the mbarrier form sends by st.async with no cluster barrier after it, the relaxed forms arrive
-    without the fence. They cannot run here; the probe's checks on the GPU are their first run."""
+def test_cluster_exchange_forms_compile_for_sm90(op, name):
+    """The registered plan's exchange (Plan.mbar_exchange with Plan.relaxed_arrive) and the probe's
+    other forms build for sm_90 without spills, a padded N and float32 at 262144 among them: the
+    mbarrier forms send by st.async with no cluster barrier after it, the barrier forms sync the
+    cluster after their remote stores, the relaxed forms arrive without the fence (and the
+    mbarrier's initialisation is fenced before any arrive). They cannot run here; the GPU's
+    harness checks and the probe are their first run."""
     import torch
 
     from impls import registry
@@ -55,19 +57,25 @@ def test_cluster_candidate_forms_compile_for_sm90(op, name):
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
     registry.load_all()
     made = {lab: m for _, lab, m in probe.candidates(op)}
-    for label, dtype, n in (("mbarrier exchange", torch.bfloat16, 100000), ("mbarrier exchange", torch.float32, 262144),
-                            ("mbarrier exchange relaxed", torch.bfloat16, 65536),
-                            ("relaxed arrive", torch.float32, 262144), ("stats in load", torch.bfloat16, 100000),
-                            ("stats in load, mbarrier exchange", torch.float32, 262144)):
+    made[name + " registered"] = lambda: registry.get(op, "tilelang", name.split(".")[1])
+    #        label                       mbarrier relaxed stats  dtype           N
+    forms = (("registered",                True,   True,  False, torch.bfloat16, 100000),
+             ("registered",                True,   True,  False, torch.float32, 262144),
+             ("barrier exchange",          False,  False, False, torch.bfloat16, 65536),
+             ("barrier exchange relaxed",  False,  True,  False, torch.float32, 262144),
+             ("mbarrier exchange fenced",  True,   False, False, torch.bfloat16, 100000),
+             ("stats in load",             True,   True,  True,  torch.float32, 262144))
+    for label, mbar, relaxed, stats, dtype, n in forms:
         plan = made[f"{name} {label}"]().plan_for(dtype, n, True, op == "layer_norm", choose_vec(dtype, n))
-        assert plan.mbar_exchange == ("mbarrier" in label) and plan.relaxed_arrive == ("relaxed" in label)
-        assert plan.stats_in_load == label.startswith("stats in load")
+        assert (plan.mbar_exchange, plan.relaxed_arrive, plan.stats_in_load) == (mbar, relaxed, stats), label
         compiled = compiler.compile_plan(plan, compiler.SM90)
         src, r = compiled.source(), compiler.ptxas_report(compiled)
         assert r.sass_arch == "sm_90" and r.spill_stores == 0 and r.spill_loads == 0, (plan.describe(), r)
-        assert ("st.async.shared::cluster" in src) == plan.mbar_exchange, plan.describe()
-        assert ("cluster_sync()" in src) != plan.mbar_exchange, plan.describe()
-        assert ("cluster_arrive_relaxed()" in src) == plan.relaxed_arrive, plan.describe()
+        assert ("st.async.shared::cluster" in src) == mbar, plan.describe()
+        assert ("cluster_sync()" in src) != mbar, plan.describe()
+        assert ("cluster_arrive_relaxed()" in src) == relaxed, plan.describe()
+        if mbar:  # the peers complete on the mbarrier only after its initialisation is fenced
+            assert src.index("fence_barrier_init()") < src.index("cluster_arrive"), plan.describe()
 
 
 def test_lagged_split_carries_the_previous_row():

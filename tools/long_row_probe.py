@@ -120,22 +120,23 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     At 725bf38 and 53ab279 (item 55): two rows a TileLang block at two blocks an SM led for
     RMSNorm (now its plan) and lost for LayerNorm; two or four rows with smaller segments, and
     the weight and bias loaded into registers before the reductions, were slower or level
-    (removed); triton.split's store step in two halves led by at most 3 points (not taken)."""
+    (removed); triton.split's store step in two halves led by at most 3 points (not taken). At
+    dfc0b9d (item 56): the exchange by st.async on each peer's mbarrier with the first cluster
+    arrive relaxed led the cluster barrier exchange by 2.3-10.5 points at all 18 shapes (now the
+    plan's); either change alone, the chunks summed on their way into shared memory and
+    triton.split at one warp a program were slower."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
-        # The exchange by st.async completing on each peer's mbarrier, no cluster barrier after it
-        # (Plan.mbar_exchange), with the first cluster arrive fenced or relaxed; and the relaxed
-        # arrive alone (item 55: 81.2% against 74.5% at float32 RMSNorm 262144, slower elsewhere)
-        (1, f"{name} mbarrier exchange", lambda: _tilelang_cluster(op, mbar_exchange=True)),
-        (1, f"{name} mbarrier exchange relaxed", lambda: _tilelang_cluster(op, mbar_exchange=True,
-                                                                            relaxed_arrive=True)),
-        (1, f"{name} relaxed arrive", lambda: _tilelang_cluster(op, relaxed_arrive=True)),
+        # The plan's exchange (st.async on each peer's mbarrier, the first arrive relaxed: item 56)
+        # against the cluster barrier after the remote stores, with the first arrive fenced or
+        # relaxed, and the mbarrier exchange with the arrive fenced
+        (1, f"{name} barrier exchange", lambda: _tilelang_cluster(op, mbar_exchange=False, relaxed_arrive=False)),
+        (1, f"{name} barrier exchange relaxed", lambda: _tilelang_cluster(op, mbar_exchange=False)),
+        (1, f"{name} mbarrier exchange fenced", lambda: _tilelang_cluster(op, relaxed_arrive=False)),
         # Each chunk summed from registers on its way into shared memory (Plan.stats_in_load):
         # one pass over shared memory fewer (RMSNorm), two (LayerNorm)
         (1, f"{name} stats in load", lambda: _tilelang_cluster(op, stats_in_load=True)),
-        (1, f"{name} stats in load, mbarrier exchange", lambda: _tilelang_cluster(op, stats_in_load=True,
-                                                                                   mbar_exchange=True)),
         # Rows a block (the same threads on each; one weight and bias load for them): RMSNorm's
         # plan carries 2 from N = 65536 (_long_plan.RMS_ROWS), LayerNorm's one
         (1, f"{name} {'1 row' if op == 'rms_norm' else '2 rows'}",
@@ -148,10 +149,6 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (1, "triton.split next after", lambda: _triton_split(op, next_first=False)),
         *[(2, f"triton.split next first {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, next_first=True))
           for bn, w in ((1024, 2), (2048, 2), (2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16))],
-        # One warp a program: its reductions need no shared memory and no block barrier (3 a
-        # reduction at 2 warps, offline sm_90 SASS), at up to 64 programs a row
-        *[(1, f"triton.split next first {bn}x1w", lambda bn=bn: _triton_split(op, 1, bn, 1, next_first=True))
-          for bn in (1024, 2048)],
         (2, "triton.split" + NO_AFFINE, lambda: _triton_split(op)),
         (2, name + NO_AFFINE, lambda: _tilelang_cluster(op)),
         (2, "triton.looped", lambda: registry.get(op, "triton", "looped")),

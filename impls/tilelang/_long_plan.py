@@ -32,6 +32,12 @@ MIN_REGISTERS = 64
 # and float32 65536, level at bf16 131072; at three blocks an SM (80 registers) slower, and
 # LayerNorm slower either way.
 RMS_ROWS, ROWS_MIN_N = 2, 65536
+# The exchange of partials (Plan.mbar_exchange, Plan.relaxed_arrive): by st.async completing on
+# each peer's mbarrier, with the one cluster barrier's arrive relaxed after the mbarrier's
+# initialisation fence. Measured (tools/long_row_probe.py at dfc0b9d, 2026-12-04, docs/perf-notes.md
+# item 56): 2.3-10.5 points over the exchange by a cluster barrier after the remote stores at all
+# 18 shapes (N = 65536-262144, both ops, three dtypes); either change alone was mostly slower.
+MBAR_EXCHANGE = RELAXED_ARRIVE = True
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
 
@@ -67,4 +73,5 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     # A row of one block (no cluster) takes no bound: at 64 registers its LayerNorm spills (bf16
     # 16384 with bias: 4 bytes), and such rows are the row-per-block kernels' anyway.
     bound = fit if fit > 1 and -(-n // seg) > 1 else None
-    return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, seg, bound, rows_share_threads=True)
+    return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, seg, bound, rows_share_threads=True,
+                mbar_exchange=MBAR_EXCHANGE, relaxed_arrive=RELAXED_ARRIVE)

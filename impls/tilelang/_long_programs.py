@@ -3,11 +3,11 @@
 Block b of the grid (M x CLUSTER blocks, clusters of CLUSTER consecutive blocks) loads columns
 [rank * S, rank * S + S) of row b // CLUSTER into shared memory (S = plan.padded, rank =
 b % CLUSTER, its rank in the cluster), reduces it from there, then writes its partial statistics
-into slot ``rank`` of every cluster peer's shared memory (distributed shared memory, cooperative
-groups' map_shared_rank), and after a cluster barrier every block sums the CLUSTER slots in rank
-order: the same float32 value in every block of the row, in an order that depends on neither M
-nor the launch, so the kernels are deterministic and batch invariant. Each block then scales its
-segment from shared memory and stores it.
+into slot ``rank`` of every cluster peer's shared memory (distributed shared memory), and once
+its own slots are complete every block sums the CLUSTER slots in rank order: the same float32
+value in every block of the row, in an order that depends on neither M nor the launch, so the
+kernels are deterministic and batch invariant. Each block then scales its segment from shared
+memory and stores it.
 
 A block may carry R = plan.rows_per_block consecutive rows (grid ceil(M / R) x CLUSTER): its
 threads work on each (_rows_layout), one weight and bias load serves all R, and each row's
@@ -17,28 +17,29 @@ M - 1 where M is not a multiple of R.
 
 The segment lives in shared memory, not registers, so a thread holds a few vectors at a time and
 several blocks (of different clusters) share an SM (the plan's launch bound): one block's loads
-run while another waits at its cluster barrier. A segment in registers instead (one block an SM
-at N = 262144) measured 55-78% of copy against 74-90% (docs/perf-notes.md item 44).
+run while another waits for its peers. A segment in registers instead (one block an SM at
+N = 262144) measured 55-78% of copy against 74-90% (docs/perf-notes.md item 44).
 
-Barriers: the slots are zeroed first, so that they are live across the block reduction (TileLang
-would otherwise place the reduction's workspace over them), then each block arrives on the
-cluster barrier (with release semantics) and waits on it only before its remote stores: every
-peer has started and zeroed its slots, and the wait overlaps the loads. A second full cluster
-barrier after the stores makes the slots complete, and no block exits while a peer may still
-write to it.
+The exchange (the plans' rule, _long_plan.MBAR_EXCHANGE; docs/perf-notes.md item 56): thread
+p < CLUSTER of each block writes the block's partials into slot ``rank`` of peer p by st.async,
+which completes on peer p's mbarrier; each block's own arrive on its mbarrier expects CLUSTER x
+the partials' bytes, and every thread waits on it before summing the slots. No cluster barrier
+follows the stores: a block leaves once every peer's partials are in its own slots, and no peer
+writes to it after that. The one cluster barrier (arrive after the mbarrier's initialisation and
+its fence.mbarrier_init, wait before the first remote store) makes every peer's mbarrier ready
+before anyone completes on it; its arrive is relaxed (Plan.relaxed_arrive), since the
+initialisation fence already releases what the peers need.
+
+The barrier exchange (the probe's alternative, Plan.mbar_exchange False): the slots are zeroed
+first, so that they are live across the block reduction (TileLang would otherwise place the
+reduction's workspace over them), each block arrives on the cluster barrier (with release
+semantics, or relaxed with Plan.relaxed_arrive and the slots unzeroed) and waits on it only
+before its remote stores (copy_cluster); a second full cluster barrier after the stores makes
+the slots complete, and no block exits while a peer may still write to it. A relaxed arrive or
+the mbarrier exchange gives the slots shared memory of their own (compiler.SLOTS_OWN_MEMORY).
 
 Conventions otherwise as in _programs (flat x and y, strides in units of vec, M symbolic,
 padded lanes read as zero and never stored).
-
-The mbarrier exchange (Plan.mbar_exchange; a probe candidate): thread p < CLUSTER of each block
-writes the block's partials into slot ``rank`` of peer p by st.async, which completes on peer p's
-mbarrier; each block's own arrive on its mbarrier expects CLUSTER x the partials' bytes, and
-every thread waits on it before summing the slots. No cluster barrier follows the stores: a block
-leaves once every peer's partials are in its own slots, and no peer writes to it after that. The
-one cluster barrier (arrive after the mbarrier's initialisation, wait before the first remote
-store) makes every peer's mbarrier ready before anyone completes on it. Plan.relaxed_arrive
-takes that first arrive without its release fence; with the barrier exchange it also leaves the
-slots unzeroed. Both give the slots shared memory of their own (compiler.SLOTS_OWN_MEMORY).
 
 The TMA form (plan variants ending _long_plan.TMA; a probe candidate, _candidates.cluster_tma)
 takes x as M x N rows and loads each segment with the tensor memory accelerator, straight into

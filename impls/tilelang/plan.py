@@ -73,7 +73,8 @@ class Plan:
     # Cluster kernels (_long_programs): the exchange of partials by st.async into each peer's
     # slots, completing on the peer's mbarrier, instead of a cluster barrier after the remote
     # stores; and the first cluster arrive relaxed (no GPU-scope fence before it). Either needs
-    # the slots in shared memory of their own (compiler.SLOTS_OWN_MEMORY).
+    # the slots in shared memory of their own (compiler.SLOTS_OWN_MEMORY). The cluster plans take
+    # both (_long_plan.MBAR_EXCHANGE); the defaults here are the probe's barrier exchange.
     mbar_exchange: bool = False
     relaxed_arrive: bool = False
     # Cluster kernels: each chunk of the segment summed from registers on its way into shared
