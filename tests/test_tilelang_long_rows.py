@@ -65,6 +65,18 @@ def test_rmsnorm_blocks_carry_two_rows_where_a_segment_takes_256_threads(dtype, 
     assert cluster_tma("rms_norm").plan_for(dtype, n, True, False, vec).rows_per_block == 1
 
 
+@pytest.mark.parametrize("variant", ["cluster", "layer_norm_cluster"])
+@pytest.mark.parametrize("dtype,n,blocks", [(torch.bfloat16, 16384, 1), (torch.float16, 16384, 1),
+                                            (torch.bfloat16, 16392, 2), (torch.float32, 16384, 2),
+                                            (torch.bfloat16, 262144, 8), (torch.float32, 262143, 8)])
+def test_cluster_plan_exchanges_by_mbarrier_only_between_blocks(variant, dtype, n, blocks):
+    """The mbarrier exchange with its relaxed arrive where a row spans blocks; a row of one block
+    keeps the barrier exchange (the mbarrier form faulted there on the H200)."""
+    plan = cluster_plan(variant, dtype, n, True, variant == "layer_norm_cluster", choose_vec(dtype, n))
+    assert cluster_size(plan) == blocks
+    assert plan.mbar_exchange == plan.relaxed_arrive == (blocks > 1)
+
+
 def test_cluster_plan_is_one_for_every_m():
     plan = make_plan("cluster", torch.bfloat16, 65536, True, False, 8, m=1)
     assert plan == make_plan("cluster", torch.bfloat16, 65536, True, False, 8)

@@ -37,6 +37,8 @@ RMS_ROWS, ROWS_MIN_N = 2, 65536
 # initialisation fence. Measured (tools/long_row_probe.py at dfc0b9d, 2026-12-04, docs/perf-notes.md
 # item 56): 2.3-10.5 points over the exchange by a cluster barrier after the remote stores at all
 # 18 shapes (N = 65536-262144, both ops, three dtypes); either change alone was mostly slower.
+# A row of one block (cluster_dims 1) keeps the barrier exchange: the mbarrier form faulted there
+# on the H200 (illegal instruction at 16-bit N = 16384, ff2ea98's checks).
 MBAR_EXCHANGE = RELAXED_ARRIVE = True
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
@@ -74,4 +76,4 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     # 16384 with bias: 4 bytes), and such rows are the row-per-block kernels' anyway.
     bound = fit if fit > 1 and -(-n // seg) > 1 else None
     return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, seg, bound, rows_share_threads=True,
-                mbar_exchange=MBAR_EXCHANGE, relaxed_arrive=RELAXED_ARRIVE)
+                mbar_exchange=MBAR_EXCHANGE and c > 1, relaxed_arrive=RELAXED_ARRIVE and c > 1)
