@@ -29,6 +29,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 _KERNELS: dict = {}
 # Largest x a worker prepares: many workers share one GPU's memory.
 WARM_BYTES = 2**31
+# Set in a worker once a kernel left its CUDA context unusable (a sticky error: illegal address
+# or instruction): every later task of that worker is refused with this, not run, so one
+# faulting kernel costs the warm-up that worker's share, never the whole warm-up. The pytest
+# run compiles what was not warmed and reports the fault against its case.
+_LOST: str | None = None
 
 
 def _init(files: tuple[str, ...]) -> None:
@@ -39,26 +44,41 @@ def _init(files: tuple[str, ...]) -> None:
         _KERNELS[(k.op, k.backend, k.variant)] = k
 
 
-def _release() -> None:
+def _release(what: str) -> str | None:
     """Hand a worker's cached device memory back after each task: the workers share one GPU, and
-    memory one keeps cached another cannot use (16 workers ran out of 140 GB without this)."""
+    memory one keeps cached another cannot use (16 workers ran out of 140 GB without this). A
+    CUDA context the task left unusable raises here: the worker is marked lost (_LOST)."""
+    global _LOST
     import torch
 
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    try:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    except Exception as exc:  # noqa: BLE001 (a sticky CUDA error: this worker can run nothing more)
+        _LOST = f"{what}: {type(exc).__name__}: {exc}"[:300]
+        return f"{_LOST} (the CUDA context of this worker is lost; its later tasks are not warmed)"
+    return None
+
+
+def _run(what: str, task) -> str | None:
+    """One warm-up task in a worker: None, or what went wrong (never raises: a failure here is
+    the pytest run's to report, against its case)."""
+    if _LOST:
+        return f"{what}: not warmed: this worker's CUDA context was lost after {_LOST}"[:400]
+    try:
+        task()
+        problem = None
+    except Exception as exc:  # noqa: BLE001
+        problem = f"{what}: {type(exc).__name__}: {exc}"[:300]
+    return _release(what) or problem
 
 
 def _check(key, case_id: str) -> str | None:
     from harness import runner
     from harness.cases import case_from_id
 
-    try:
-        runner.check(_KERNELS[key], case_from_id(case_id))
-    except Exception as exc:  # reported by the pytest run itself
-        return f"{case_id} {key}: {type(exc).__name__}: {exc}"[:300]
-    finally:
-        _release()
-    return None
+    return _run(f"{case_id} {key}", lambda: runner.check(_KERNELS[key], case_from_id(case_id)))
 
 
 def _prepare(key, spec) -> str | None:
@@ -66,7 +86,8 @@ def _prepare(key, spec) -> str | None:
     from impls.base import dtype_name
 
     k = _KERNELS[key]
-    try:
+
+    def task():
         if spec.rows * spec.n * spec.dtype.itemsize <= WARM_BYTES:  # bigger ones compile in the run
             k.prepare(spec)
         # One real call too: JIT backends (Triton, Liger) compile on first call, per specialisation
@@ -75,11 +96,16 @@ def _prepare(key, spec) -> str | None:
         case = Case(spec.op, dtype_name(spec.dtype), (rows, spec.n), affine=affine_of(spec.has_weight, spec.has_bias))
         drawn = make_inputs(case, spec.device)
         k(drawn.x, drawn.weight, drawn.bias, drawn.eps)
-    except Exception as exc:
-        return f"{spec} {key}: {type(exc).__name__}: {exc}"[:300]
-    finally:
-        _release()
-    return None
+
+    return _run(f"{spec} {key}", task)
+
+
+def outcome(fut) -> str | None:
+    """A finished task's problem, or None; a worker that died (a crash past Python) is one too."""
+    try:
+        return fut.result()
+    except Exception as exc:  # noqa: BLE001 (BrokenProcessPool and the like: reported, not raised)
+        return f"a warm-up worker failed: {type(exc).__name__}: {exc}"[:300]
 
 
 def tasks(backends: list[str], profile: str, bench: bool, files: tuple[str, ...]):
@@ -134,8 +160,9 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(a.jobs, mp_context=mp.get_context("spawn"), initializer=_init, initargs=(files,)) as pool:
         futures = [pool.submit(fn, key, arg) for fn, key, arg in work]
         for fut in as_completed(futures):
-            if fut.result():
-                problems.append(fut.result())
+            problem = outcome(fut)
+            if problem:
+                problems.append(problem)
     print(f"warmed in {time.perf_counter() - t0:.0f} s; {len(problems)} raised (the run reports them)", flush=True)
     for line in problems[:10]:
         print("  " + line)
