@@ -75,6 +75,7 @@ def test_cluster_plan_exchanges_by_mbarrier_only_between_blocks(variant, dtype, 
     plan = cluster_plan(variant, dtype, n, True, variant == "layer_norm_cluster", choose_vec(dtype, n))
     assert cluster_size(plan) == blocks
     assert plan.mbar_exchange == plan.relaxed_arrive == (blocks > 1)
+    assert plan.stats_in_load == (blocks > 1 and variant == "layer_norm_cluster")
 
 
 def test_cluster_plan_is_one_for_every_m():

@@ -136,7 +136,9 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (1, f"{name} mbarrier exchange fenced", lambda: _tilelang_cluster(op, relaxed_arrive=False)),
         # Each chunk summed from registers on its way into shared memory (Plan.stats_in_load):
         # one pass over shared memory fewer (RMSNorm), two (LayerNorm)
-        (1, f"{name} stats in load", lambda: _tilelang_cluster(op, stats_in_load=True)),
+        # (the plan's for LayerNorm: _long_plan.LN_STATS_IN_LOAD; the other form for each op)
+        (1, f"{name} {'stats in load' if op == 'rms_norm' else 'stats from shared memory'}",
+         lambda: _tilelang_cluster(op, stats_in_load=op == "rms_norm")),
         # Rows a block (the same threads on each; one weight and bias load for them): RMSNorm's
         # plan carries 2 from N = 65536 (_long_plan.RMS_ROWS), LayerNorm's one
         (1, f"{name} {'1 row' if op == 'rms_norm' else '2 rows'}",

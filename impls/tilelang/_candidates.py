@@ -138,7 +138,8 @@ class _ClusterTMA:
             raise UnsupportedCase(f"{self.name} (TMA): rows must start 16-byte aligned (vector of {vec})")
         # One row a block: the TMA form loads one row's segment
         plan = cluster_plan(self.variant, dtype, n, has_weight, has_bias, vec, segment_bytes=self.segment_bytes, rows=1)
-        return dataclasses.replace(plan, variant=plan.variant + TMA, min_blocks=self.min_blocks or plan.min_blocks)
+        return dataclasses.replace(plan, variant=plan.variant + TMA, min_blocks=self.min_blocks or plan.min_blocks,
+                                   stats_in_load=False)  # its segment goes straight to shared memory
 
     def fast_plan(self, x, x2, weight, bias, spec):
         return fastpath.generic_plan(x, x2, self.outputs, self._forward)

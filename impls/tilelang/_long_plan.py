@@ -40,6 +40,11 @@ RMS_ROWS, ROWS_MIN_N = 2, 65536
 # A row of one block (cluster_dims 1) keeps the barrier exchange: the mbarrier form faulted there
 # on the H200 (illegal instruction at 16-bit N = 16384, ff2ea98's checks).
 MBAR_EXCHANGE = RELAXED_ARRIVE = True
+# LayerNorm's statistics summed from registers as each chunk goes into shared memory
+# (Plan.stats_in_load), where a row spans blocks: two passes over shared memory fewer. On the
+# barrier exchange it gained LayerNorm 0.4-3.3 points at all 9 shapes and RMSNorm nothing
+# (probe at dfc0b9d, item 56); on the mbarrier exchange it is this rule's measurement to make.
+LN_STATS_IN_LOAD = True
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
 
@@ -76,4 +81,5 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     # 16384 with bias: 4 bytes), and such rows are the row-per-block kernels' anyway.
     bound = fit if fit > 1 and -(-n // seg) > 1 else None
     return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, seg, bound, rows_share_threads=True,
-                mbar_exchange=MBAR_EXCHANGE and c > 1, relaxed_arrive=RELAXED_ARRIVE and c > 1)
+                mbar_exchange=MBAR_EXCHANGE and c > 1, relaxed_arrive=RELAXED_ARRIVE and c > 1,
+                stats_in_load=LN_STATS_IN_LOAD and c > 1 and variant == "layer_norm_cluster")
