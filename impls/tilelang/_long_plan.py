@@ -41,9 +41,9 @@ RMS_ROWS, ROWS_MIN_N = 2, 65536
 # on the H200 (illegal instruction at 16-bit N = 16384, ff2ea98's checks).
 MBAR_EXCHANGE = RELAXED_ARRIVE = True
 # LayerNorm's statistics summed from registers as each chunk goes into shared memory
-# (Plan.stats_in_load), where a row spans blocks: two passes over shared memory fewer. On the
-# barrier exchange it gained LayerNorm 0.4-3.3 points at all 9 shapes and RMSNorm nothing
-# (probe at dfc0b9d, item 56); on the mbarrier exchange it is this rule's measurement to make.
+# (Plan.stats_in_load), where a row spans blocks: two passes over shared memory fewer. Measured
+# on the mbarrier exchange (probe and benchmark at 5cdceca, item 56): +1.5 to +3.8 points at 8 of
+# 9 shapes, -0.5 / -0.9 at bf16 262144 (kept: one rule); RMSNorm's one pass gained nothing.
 LN_STATS_IN_LOAD = True
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
