@@ -29,11 +29,14 @@ from impls.base import UnsupportedCase, dtype_name, spec_of
 
 SAMPLE_ROWS = 8  # rows checked against float64 (the first ones; the last row too)
 NO_AFFINE = " no affine"  # a candidate label ending so is timed without weight and bias
+NO_BIAS = " no bias"  # ... with the weight only
 
 
 def affine_of(label: str, d) -> tuple:
-    """The (weight, bias) a candidate runs with: the case's, or none (NO_AFFINE)."""
-    return (None, None) if label.endswith(NO_AFFINE) else (d.weight, d.bias)
+    """The (weight, bias) a candidate runs with: the case's, or none (NO_AFFINE, NO_BIAS)."""
+    if label.endswith(NO_AFFINE):
+        return None, None
+    return (d.weight, None) if label.endswith(NO_BIAS) else (d.weight, d.bias)
 
 
 def _triton_split(op, depth=1, block_n=None, warps=None, lag=True, **choices):
@@ -140,6 +143,16 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         # (the plan's for LayerNorm: _long_plan.LN_STATS_IN_LOAD; the other form for each op)
         (1, f"{name} {'stats in load' if op == 'rms_norm' else 'stats from shared memory'}",
          lambda: _tilelang_cluster(op, stats_in_load=op == "rms_norm")),
+        # Block sums by warp shuffles and one barrier (Plan.one_barrier_sum) instead of TileLang's
+        # AllReduce (two barriers a round); with clusters of up to 16, 16 KB segments, 512 threads
+        (1, f"{name} one-barrier sums", lambda: _tilelang_cluster(op, one_barrier_sum=True)),
+        (1, f"{name} one-barrier sums cluster<=16",
+         lambda: _tilelang_cluster(op, max_cluster=16, one_barrier_sum=True)),
+        (1, f"{name} one-barrier sums 16KB segments",
+         lambda: _tilelang_cluster(op, segment_bytes=16384, max_cluster=16, one_barrier_sum=True)),
+        (1, f"{name} one-barrier sums 512 threads", lambda: _tilelang_cluster(op, threads=512, one_barrier_sum=True)),
+        (2, f"{name} one-barrier sums {'1 row' if op == 'rms_norm' else '2 rows'}",
+         lambda: _tilelang_cluster(op, rows=1 if op == "rms_norm" else 2, one_barrier_sum=True)),
         # Rows a block (the same threads on each; one weight and bias load for them): RMSNorm's
         # plan carries 2 from N = 65536 (_long_plan.RMS_ROWS), LayerNorm's one
         (1, f"{name} {'1 row' if op == 'rms_norm' else '2 rows'}",
@@ -168,6 +181,8 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (3, f"{name} 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384)),
         (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
+    if op == "layer_norm":  # with the weight only: what the bias's reads cost
+        c += [(2, name + NO_BIAS, lambda: _tilelang_cluster(op)), (2, "triton.split" + NO_BIAS, lambda: _triton_split(op))]
     if op == "layer_norm":  # weight and bias held, at widths of 16 columns a thread (item 54)
         c += [(2, f"triton.split weight held {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, hold_w=True))
               for bn, w in ((1024, 2), (2048, 4), (4096, 8))]

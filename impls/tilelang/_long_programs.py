@@ -67,21 +67,62 @@ __device__ __forceinline__ void normdiff_put_f32(void* slot, float value, void* 
 }
 """
 
+# A block's sum (Plan.one_barrier_sum): the thread's n values from v[first] in order, then an xor butterfly in
+# each warp (every lane ends with the same bits: IEEE addition commutes), a warp's sum into
+# ws[warp], one barrier, and every thread sums ws in warp order. TileLang's AllReduce takes two
+# named barriers a round for each of log2(threads / 32) rounds instead. Each call needs a ws of
+# its own: a thread may still read one call's ws while another writes the next's.
+_BLOCK_SUM_SOURCE = r"""
+__device__ __forceinline__ float normdiff_block_sum(const float* v, int first, int n, float* ws, int warps) {
+  float s = v[first];
+  for (int i = 1; i < n; ++i) s += v[first + i];
+  #pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = s;
+  __syncthreads();
+  s = ws[0];
+  for (int w = 1; w < warps; ++w) s += ws[w];
+  return s;
+}
+"""
 
-def _exchange_barrier(plan: Plan):
-    """The mbarrier of the mbarrier exchange (its arrive count 1: the block's own arrive), and
-    the put's source in the generated CUDA; None for the barrier exchange."""
-    if not plan.mbar_exchange:
-        return None
-    T.import_source(_PUT_SOURCE)
-    return T.alloc_barrier(1)
+
+def _helpers(plan: Plan, sums: int):
+    """The kernel's device functions in the generated CUDA (one import: a second would replace
+    the first), and (bar, ws): the mbarrier of the mbarrier exchange (its arrive count 1: the
+    block's own arrive; None for the barrier exchange) and the shared workspace of ``sums``
+    one-barrier block sums (None without Plan.one_barrier_sum)."""
+    sources = ([_PUT_SOURCE] if plan.mbar_exchange else []) + ([_BLOCK_SUM_SOURCE] if plan.one_barrier_sum else [])
+    if sources:
+        T.import_source("".join(sources))
+    bar = T.alloc_barrier(1) if plan.mbar_exchange else None
+    ws = T.alloc_shared((sums, plan.threads // 32), F32) if plan.one_barrier_sum else None
+    return bar, ws
+
+
+def _block_sum(plan: Plan):
+    """A macro: out[r] = the block's sum of acc's row r (R = plan.rows_per_block rows), by
+    TileLang's reduce_sum or, with Plan.one_barrier_sum, by normdiff_block_sum on each thread's
+    own vec values of the row (ws rows first..first + R - 1)."""
+    R, vec, warps = plan.rows_per_block, plan.vec, plan.threads // 32
+
+    @T.macro
+    def block_sum(acc, out, ws, first):
+        if plan.one_barrier_sum:
+            for r in T.unroll(R):  # acc.data: the thread's own values (a BufferLoad would tie layouts)
+                out[r] = T.call_extern(F32, "normdiff_block_sum", acc.data, r * vec, vec,
+                                       T.address_of(ws[first + r, 0]), warps)
+        else:
+            T.reduce_sum(acc, out, dim=1)
+    return block_sum
 
 
 def _exchange(plan: Plan, C: int, W: int):
     """Macros (start, send) of the exchange of W float32 partials per block between the C blocks
     of a cluster (see the module's barriers): ``start`` before the loads, ``send`` once the
-    block's partials are in ``mine``; after ``send`` slot p holds peer p's partials."""
-    mbar = plan.mbar_exchange
+    block's partials are in ``mine`` (or, where partials_in_registers(plan), in every thread's
+    registers, as ``value(k)``); after ``send`` slot p holds peer p's partials."""
+    mbar, registers = plan.mbar_exchange, partials_in_registers(plan)
 
     @T.macro
     def start(slots, bar):
@@ -97,14 +138,21 @@ def _exchange(plan: Plan, C: int, W: int):
             T.cluster_arrive()
 
     @T.macro
-    def send(mine, slots, bar, rank):
+    def send(mine, slots, bar, rank, value):
         T.cluster_wait()
         if mbar:
             tx = T.get_thread_binding()
+            if registers:
+                # value(k): partial k, which every thread holds after normdiff_block_sum (no staging
+                # in ``mine``, no barrier for it); read by all threads, into local registers, since a
+                # fragment read only under ``tx < C`` would have TileLang compute it there only
+                vals = T.alloc_local((W,), F32)
+                for k in T.unroll(W):
+                    vals[k] = value(k)
             if tx < C:
                 for k in T.unroll(W):
-                    T.call_extern("handle", "normdiff_put_f32", T.address_of(slots[rank, k]), mine[k],
-                                  T.address_of(bar[0]), tx)
+                    T.call_extern("handle", "normdiff_put_f32", T.address_of(slots[rank, k]),
+                                  vals[k] if registers else mine[k], T.address_of(bar[0]), tx)
             T.mbarrier_wait_parity(bar[0], 0)
         else:
             for p in T.serial(C):
@@ -112,6 +160,12 @@ def _exchange(plan: Plan, C: int, W: int):
             T.cluster_sync()
 
     return start, send
+
+
+def partials_in_registers(plan: Plan) -> bool:
+    """Whether the mbarrier exchange puts the block's partials from registers: every thread holds
+    the same block sums after normdiff_block_sum, so none go through shared memory first."""
+    return plan.mbar_exchange and plan.one_barrier_sum
 
 
 def _smem_chunks(plan: Plan):
@@ -216,6 +270,7 @@ def rms_norm_cluster(plan: Plan):
     XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
     load_chunk = _chunk_loader(plan) if plan.stats_in_load else None
     start_exchange, send_partials = _exchange(plan, C, R)
+    block_sum = _block_sum(plan)
 
     @T.prim_func
     def main(
@@ -230,7 +285,7 @@ def rms_norm_cluster(plan: Plan):
             ss = T.alloc_fragment((R,), F32)
             mine = T.alloc_shared((R,), F32)
             slots = T.alloc_shared((C, R), F32)
-            bar = _exchange_barrier(plan)
+            bar, ws = _helpers(plan, R)
             T.annotate_layout({acc: _rows_layout(plan, R, K)})
             start_exchange(slots, bar)
             row = bx // C * R  # the block's first row
@@ -251,11 +306,12 @@ def rms_norm_cluster(plan: Plan):
                 for c in _chunk_loop(chunks):
                     for r, j in T.Parallel(R, K):
                         acc[r, j] += T.cast(xs[r, c * K + j], F32) * T.cast(xs[r, c * K + j], F32)
-            T.reduce_sum(acc, ss, dim=1)
-            for r in T.Parallel(R):
-                mine[r] = ss[r]
+            block_sum(acc, ss, ws, 0)
+            if not partials_in_registers(plan):
+                for r in T.Parallel(R):
+                    mine[r] = ss[r]
             # Every block's partial into slot rank of every peer (see the module's barriers).
-            send_partials(mine, slots, bar, bx % C)
+            send_partials(mine, slots, bar, bx % C, lambda k: ss[k])
             for r in T.unroll(R):
                 ss[r] = 0.0
                 for p in T.serial(C):  # rank order: the same sum in every block
@@ -289,6 +345,7 @@ def layer_norm_cluster(plan: Plan):
     XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
     load_chunk = _chunk_loader(plan) if plan.stats_in_load else None
     start_exchange, send_partials = _exchange(plan, C, 2 * R)
+    block_sum = _block_sum(plan)
 
     @T.prim_func
     def main(
@@ -304,7 +361,7 @@ def layer_norm_cluster(plan: Plan):
             s2 = T.alloc_fragment((R,), F32)
             mine = T.alloc_shared((2 * R,), F32)
             slots = T.alloc_shared((C, 2 * R), F32)
-            bar = _exchange_barrier(plan)
+            bar, ws = _helpers(plan, 2 * R)
             T.annotate_layout({acc: _rows_layout(plan, R, K)})
             start_exchange(slots, bar)
             row = bx // C * R  # the block's first row
@@ -339,10 +396,10 @@ def layer_norm_cluster(plan: Plan):
                     acc2[r, j] = acc2[r, j] - acc[r, j] * acc[r, j] / T.max(_lane_count(plan, base, j), 1.0)
                     sh[r, j] = sh[r, j] + acc[r, j] / T.max(_lane_count(plan, base, j), 1.0)
                     acc[r, j] = _lane_count(plan, base, j) * sh[r, j]
-                T.reduce_sum(acc, s1, dim=1)
+                block_sum(acc, s1, ws, 0)
                 for r, j in T.Parallel(R, K):
                     acc[r, j] = acc2[r, j] + _lane_count(plan, base, j) * (sh[r, j] - s1[r] / nb) * (sh[r, j] - s1[r] / nb)
-                T.reduce_sum(acc, s2, dim=1)
+                block_sum(acc, s2, ws, R)
             else:
                 load_segment(X, xs, row, base, sxv, M)
                 for r, j in T.Parallel(R, K):
@@ -350,18 +407,19 @@ def layer_norm_cluster(plan: Plan):
                 for c in _chunk_loop(chunks):
                     for r, j in T.Parallel(R, K):
                         acc[r, j] += T.cast(xs[r, c * K + j], F32)
-                T.reduce_sum(acc, s1, dim=1)
+                block_sum(acc, s1, ws, 0)
                 for r, j in T.Parallel(R, K):
                     acc[r, j] = 0.0
                 for c in _chunk_loop(chunks):
                     for r, j in T.Parallel(R, K):
                         acc[r, j] += T.if_then_else(base + c * K + j < N, (T.cast(xs[r, c * K + j], F32) - s1[r] / nb) * (
                             T.cast(xs[r, c * K + j], F32) - s1[r] / nb), 0.0)
-                T.reduce_sum(acc, s2, dim=1)
-            for r in T.Parallel(R):
-                mine[2 * r] = s1[r]
-                mine[2 * r + 1] = s2[r]
-            send_partials(mine, slots, bar, bx % C)
+                block_sum(acc, s2, ws, R)
+            if not partials_in_registers(plan):
+                for r in T.Parallel(R):
+                    mine[2 * r] = s1[r]
+                    mine[2 * r + 1] = s2[r]
+            send_partials(mine, slots, bar, bx % C, lambda k: T.if_then_else(k % 2 == 0, s1[k // 2], s2[k // 2]))
             for r in T.unroll(R):
                 s1[r] = 0.0
                 for p in T.serial(C):

@@ -110,7 +110,7 @@ def _layout_failure(exc: BaseException) -> bool:
 
 def pass_configs(plan: Plan) -> dict:
     """TileLang's pass settings for a plan's program."""
-    own = plan.mbar_exchange or plan.relaxed_arrive
+    own = plan.mbar_exchange or plan.relaxed_arrive or plan.one_barrier_sum
     return {**PASS_CONFIGS, **(SLOTS_OWN_MEMORY if own else {})}
 
 

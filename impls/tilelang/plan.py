@@ -81,6 +81,10 @@ class Plan:
     # memory, instead of read back from there (one pass over shared memory fewer for RMSNorm,
     # two for LayerNorm, whose lanes sum about their first value).
     stats_in_load: bool = False
+    # Cluster kernels: each block sum by warp shuffles and one barrier (_long_programs'
+    # normdiff_block_sum) instead of TileLang's AllReduce (two barriers a round, log2(threads / 32)
+    # rounds); its workspace needs shared memory of its own (compiler.SLOTS_OWN_MEMORY).
+    one_barrier_sum: bool = False
 
     @property
     def threads(self) -> int:
