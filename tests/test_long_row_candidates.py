@@ -6,6 +6,7 @@ program a row (the registered ones and the Triton candidate)."""
 import pytest
 
 import impls.triton as tri
+from impls.tilelang._long_plan import ONE_BARRIER_SUM
 
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
 
@@ -60,19 +61,30 @@ def test_cluster_exchange_forms_compile_for_sm90(op, name):
     made[name + " registered"] = lambda: registry.get(op, "tilelang", name.split(".")[1])
     ln = op == "layer_norm"  # LayerNorm's plans sum the statistics on the way into shared memory
     other_stats = "stats from shared memory" if ln else "stats in load"
-    #        label                       mbarrier relaxed stats   dtype           N
-    forms = (("registered",                True,   True,  ln,     torch.bfloat16, 100000),
-             ("registered",                True,   True,  ln,     torch.float32, 262144),
-             ("barrier exchange",          False,  False, ln,     torch.bfloat16, 65536),
-             ("barrier exchange relaxed",  False,  True,  ln,     torch.float32, 262144),
-             ("mbarrier exchange fenced",  True,   False, ln,     torch.bfloat16, 100000),
-             (other_stats,                 True,   True,  not ln, torch.float32, 262144))
-    for label, mbar, relaxed, stats, dtype, n in forms:
+    one = ONE_BARRIER_SUM  # the registered plans' block sums
+    #        label                       mbarrier relaxed stats   one-barrier dtype      N
+    forms = (("registered",                True,   True,  ln,     one,    torch.bfloat16, 100000),
+             ("registered",                True,   True,  ln,     one,    torch.float32, 262144),
+             ("barrier exchange",          False,  False, ln,     one,    torch.bfloat16, 65536),
+             ("barrier exchange relaxed",  False,  True,  ln,     one,    torch.float32, 262144),
+             ("mbarrier exchange fenced",  True,   False, ln,     one,    torch.bfloat16, 100000),
+             (other_stats,                 True,   True,  not ln, one,    torch.float32, 262144),
+             ("one-barrier sums",          True,   True,  ln,     True,   torch.bfloat16, 131072),
+             ("one-barrier sums 2 rows" if ln else "one-barrier sums", True, True, ln, True, torch.float16, 65536))
+    for label, mbar, relaxed, stats, one_sum, dtype, n in forms:
         plan = made[f"{name} {label}"]().plan_for(dtype, n, True, op == "layer_norm", choose_vec(dtype, n))
         assert (plan.mbar_exchange, plan.relaxed_arrive, plan.stats_in_load) == (mbar, relaxed, stats), label
+        assert plan.one_barrier_sum == one_sum, label
         compiled = compiler.compile_plan(plan, compiler.SM90)
         src, r = compiled.source(), compiler.ptxas_report(compiled)
         assert r.sass_arch == "sm_90" and r.spill_stores == 0 and r.spill_loads == 0, (plan.describe(), r)
+        # One-barrier sums: no AllReduce, one normdiff_block_sum a row and statistic, each called by
+        # every thread (it holds a __syncthreads: under a thread guard it would hang the block), and
+        # the partials put from registers, not staged in shared memory
+        calls = [i for i, line in enumerate(src.splitlines()) if "= normdiff_block_sum(" in line]
+        assert ("AllReduce" in src) != one_sum and bool(calls) == one_sum, plan.describe()
+        assert not [i for i in calls if "threadIdx" in src.splitlines()[i - 1]], plan.describe()
+        assert ("((float*)mine)[" in src) != (one_sum and mbar), plan.describe()
         assert ("st.async.shared::cluster" in src) == mbar, plan.describe()
         assert ("cluster_sync()" in src) != mbar, plan.describe()
         assert ("cluster_arrive_relaxed()" in src) == relaxed, plan.describe()

@@ -45,6 +45,9 @@ MBAR_EXCHANGE = RELAXED_ARRIVE = True
 # on the mbarrier exchange (probe and benchmark at 5cdceca, item 56): +1.5 to +3.8 points at 8 of
 # 9 shapes, -0.5 / -0.9 at bf16 262144 (kept: one rule); RMSNorm's one pass gained nothing.
 LN_STATS_IN_LOAD = True
+# Block sums by warp shuffles and one barrier (Plan.one_barrier_sum) where a row spans blocks,
+# instead of TileLang's AllReduce (two named barriers a round, log2(threads / 32) rounds).
+ONE_BARRIER_SUM = False
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
 
@@ -82,4 +85,5 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     bound = fit if fit > 1 and -(-n // seg) > 1 else None
     return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, seg, bound, rows_share_threads=True,
                 mbar_exchange=MBAR_EXCHANGE and c > 1, relaxed_arrive=RELAXED_ARRIVE and c > 1,
-                stats_in_load=LN_STATS_IN_LOAD and c > 1 and variant == "layer_norm_cluster")
+                stats_in_load=LN_STATS_IN_LOAD and c > 1 and variant == "layer_norm_cluster",
+                one_barrier_sum=ONE_BARRIER_SUM and c > 1)
