@@ -8,21 +8,26 @@ import torch
 from impls import registry
 from impls.base import NormSpec
 from impls.gpu_limits import SM_REGISTERS, SM_SHARED
-from impls.tilelang._long_plan import LONGEST_BUILT, MAX_CLUSTER, MIN_REGISTERS, cluster_plan, cluster_size
+from impls.tilelang._long_plan import (LONGEST_BUILT, MAX_CLUSTER, MIN_REGISTERS, WIDE_CLUSTER, WIDE_SEGMENT_BYTES,
+                                       cluster_plan, cluster_size)
 from impls.tilelang.plan import choose_vec, make_plan
 
 
 @pytest.mark.parametrize("variant", ["cluster", "layer_norm_cluster"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n", [769, 4096, 65536, 65537, 100000, 131072, 262143, 262144])
-def test_cluster_plan_covers_the_row_in_at_most_eight_blocks(variant, dtype, n):
+def test_cluster_plan_covers_the_row_in_at_most_sixteen_blocks(variant, dtype, n):
+    """At most MAX_CLUSTER (portable) blocks a row, WIDE_CLUSTER only where MAX_CLUSTER's segments
+    would hold more than WIDE_SEGMENT_BYTES of x (float32 beyond N = 131072)."""
     vec = choose_vec(dtype, n)
     if n > LONGEST_BUILT:
         pytest.skip("beyond the kernel's capacity (its own test below)")
     plan = make_plan(variant, dtype, n, True, variant == "layer_norm_cluster", vec)
     assert plan == cluster_plan(variant, dtype, n, True, variant == "layer_norm_cluster", vec)
     c = cluster_size(plan)
-    assert 1 <= c <= MAX_CLUSTER
+    wide = -(-n // MAX_CLUSTER) * dtype.itemsize > WIDE_SEGMENT_BYTES
+    assert 1 <= c <= (WIDE_CLUSTER if wide else MAX_CLUSTER)
+    assert wide == (dtype == torch.float32 and n > 131072)
     assert plan.padded % (plan.threads_per_row * plan.vec) == 0
     assert (c - 1) * plan.padded < n <= c * plan.padded  # no block without columns
     seg_bytes = plan.padded * dtype.itemsize
@@ -36,15 +41,16 @@ def test_cluster_plan_covers_the_row_in_at_most_eight_blocks(variant, dtype, n):
 
 def test_cluster_plan_shares_an_sm_at_the_long_rows():
     """Segments of at most 32 KB up to N = 131072 in 16-bit (four blocks of 256 threads an SM at
-    one row a block), 64 KB at 262144 (512 threads, two blocks at the register floor), 128 KB for
-    float32 at 262144 (one block: no bound)."""
+    one row a block), 64 KB at 262144 (512 threads, two blocks at the register floor), and 64 KB
+    for float32 at 262144 (clusters of 16, two blocks an SM where 8 blocks of 128 KB left one)."""
     def plan(dtype, n):
         return cluster_plan("cluster", dtype, n, True, False, 16 // dtype.itemsize)
 
     assert (cluster_size(plan(torch.bfloat16, 32768)), plan(torch.bfloat16, 32768).min_blocks) == (2, 4)
     assert plan(torch.bfloat16, 131072).padded * 2 == 32768
     assert (plan(torch.bfloat16, 262144).threads, plan(torch.bfloat16, 262144).min_blocks) == (512, 2)
-    assert plan(torch.float32, 262144).min_blocks is None
+    f32 = plan(torch.float32, 262144)
+    assert (cluster_size(f32), f32.padded * 4, f32.threads, f32.min_blocks) == (16, 65536, 512, 2)
 
 
 @pytest.mark.parametrize("dtype,n,rows", [
@@ -68,7 +74,7 @@ def test_rmsnorm_blocks_carry_two_rows_where_a_segment_takes_256_threads(dtype, 
 @pytest.mark.parametrize("variant", ["cluster", "layer_norm_cluster"])
 @pytest.mark.parametrize("dtype,n,blocks", [(torch.bfloat16, 16384, 1), (torch.float16, 16384, 1),
                                             (torch.bfloat16, 16392, 2), (torch.float32, 16384, 2),
-                                            (torch.bfloat16, 262144, 8), (torch.float32, 262143, 8)])
+                                            (torch.bfloat16, 262144, 8), (torch.float32, 262143, 16)])
 def test_cluster_plan_exchanges_by_mbarrier_only_between_blocks(variant, dtype, n, blocks):
     """The mbarrier exchange with its relaxed arrive where a row spans blocks; a row of one block
     keeps the barrier exchange (the mbarrier form faulted there on the H200)."""
@@ -76,6 +82,7 @@ def test_cluster_plan_exchanges_by_mbarrier_only_between_blocks(variant, dtype, 
     assert cluster_size(plan) == blocks
     assert plan.mbar_exchange == plan.relaxed_arrive == (blocks > 1)
     assert plan.stats_in_load == (blocks > 1 and variant == "layer_norm_cluster")
+    assert plan.one_barrier_sum == (blocks > 1)  # a row of one block keeps TileLang's reduce_sum
 
 
 def test_cluster_plan_is_one_for_every_m():

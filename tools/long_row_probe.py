@@ -143,8 +143,10 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         # (the plan's for LayerNorm: _long_plan.LN_STATS_IN_LOAD; the other form for each op)
         (1, f"{name} {'stats in load' if op == 'rms_norm' else 'stats from shared memory'}",
          lambda: _tilelang_cluster(op, stats_in_load=op == "rms_norm")),
-        # Block sums by warp shuffles and one barrier (Plan.one_barrier_sum) instead of TileLang's
-        # AllReduce (two barriers a round); with clusters of up to 16, 16 KB segments, 512 threads
+        # Block sums by warp shuffles and one barrier (Plan.one_barrier_sum, the plans' since
+        # c41385e's probe: _long_plan.ONE_BARRIER_SUM) against TileLang's AllReduce (two barriers a
+        # round); with clusters of up to 16, 16 KB segments, 512 threads
+        (1, f"{name} AllReduce sums", lambda: _tilelang_cluster(op, one_barrier_sum=False)),
         (1, f"{name} one-barrier sums", lambda: _tilelang_cluster(op, one_barrier_sum=True)),
         (1, f"{name} one-barrier sums cluster<=16",
          lambda: _tilelang_cluster(op, max_cluster=16, one_barrier_sum=True)),

@@ -15,11 +15,17 @@ from impls.tilelang.plan import Plan, max_vec
 CLUSTER_VARIANTS = ("cluster", "layer_norm_cluster")  # RMSNorm, LayerNorm
 # The suffix of the variants whose segment is loaded by the tensor memory accelerator (TMA).
 TMA = "_tma"
-# Portable cluster size on sm_90 (16 needs a non-portable launch attribute; measured no faster).
+# Portable cluster size on sm_90: the smallest cluster up to this whose segments hold at most
+# SEGMENT_BYTES of x (several blocks an SM); at MAX_CLUSTER a segment may be larger.
 MAX_CLUSTER = 8
-# The smallest cluster whose segments hold at most this many bytes of x (several blocks an SM);
-# at MAX_CLUSTER a segment may be larger (128 KB at float32 262144: one block an SM).
 SEGMENT_BYTES = 32768
+# Beyond MAX_CLUSTER, clusters of up to WIDE_CLUSTER (a non-portable size, which TileLang launches)
+# while a segment would hold more than WIDE_SEGMENT_BYTES: float32 beyond N = 131072, where 8
+# blocks of 128 KB left one block an SM. Measured (tools/long_row_probe.py at c41385e, with
+# Plan.one_barrier_sum, docs/perf-notes.md item 57): float32 262144 at 16 blocks of 64 KB (two an
+# SM) RMSNorm 89.2% of copy against 85.2%, LayerNorm 78.0 against 77.9; at 64 KB segments and
+# below (16-bit 262144: 89.9 against 93.4%) more blocks were slower.
+WIDE_CLUSTER, WIDE_SEGMENT_BYTES = 16, 65536
 # 256 threads while a segment is at most VECTORS 16-byte vectors a thread, 512 beyond (measured,
 # tools/long_row_probe.py at 2bfae55: 512 threads 20 points slower at 8 vectors, 3-9 faster at 16).
 THREADS, VECTORS = 256, 8
@@ -46,8 +52,12 @@ MBAR_EXCHANGE = RELAXED_ARRIVE = True
 # 9 shapes, -0.5 / -0.9 at bf16 262144 (kept: one rule); RMSNorm's one pass gained nothing.
 LN_STATS_IN_LOAD = True
 # Block sums by warp shuffles and one barrier (Plan.one_barrier_sum) where a row spans blocks,
-# instead of TileLang's AllReduce (two named barriers a round, log2(threads / 32) rounds).
-ONE_BARRIER_SUM = False
+# instead of TileLang's AllReduce (two named barriers a round, log2(threads / 32) rounds), with
+# the mbarrier exchange's partials put from registers. Measured (tools/long_row_probe.py at
+# c41385e, 2026-12-05, docs/perf-notes.md item 57), % of copy against the AllReduce at N 65536 /
+# 131072 / 262144: RMSNorm +1.0 to +2.5 (16-bit) and +1.0 to +5.1 (float32) but at fp16 262144
+# (level); LayerNorm fp16 +2.8 / +2.6 / +1.1, float32 +1.8 / +2.0 / +3.0, bf16 -0.5 / -0.9 / +1.8.
+ONE_BARRIER_SUM = True
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
 
@@ -72,6 +82,8 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     most = segment_bytes or SEGMENT_BYTES
     c = 1
     while c < max_cluster and -(-n // c) * size > most:
+        c *= 2
+    while c < WIDE_CLUSTER and -(-n // c) * size > WIDE_SEGMENT_BYTES:
         c *= 2
     tpr = threads or (THREADS if -(-n // c) * size <= THREADS * 16 * VECTORS else 2 * THREADS)
     if rows is None:

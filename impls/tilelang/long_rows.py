@@ -40,7 +40,7 @@ class _ClusterKernel(TileLangKernel):
 
 @register
 class TileLangRMSNormCluster(_ClusterKernel):
-    """One read of x: the row over a cluster of up to 8 blocks, each holding its segment in
+    """One read of x: the row over a cluster of up to 16 blocks, each holding its segment in
     shared memory; the blocks' sums of squares meet in distributed shared memory."""
 
     op = "rms_norm"
