@@ -248,6 +248,13 @@ def _catalogue(profile: str) -> list[Case]:
     for dist in ("tiny", "huge"):
         for dt in all_dtypes:
             add(_both_ops(dtype=dt, shape=(5, 4000), dist=dist, tags=(dist,)))
+    # An outlier first in long rows read one element at a time (a stride of N + 1): many values a
+    # thread, the first of them the outlier (a GPU fuzz draw at float32 4 x 16384 found a long-row
+    # kernel whose per-thread shift by its first value cancelled there).
+    if full:
+        for n in (16384, 65536):
+            for dt in ("float32", "bfloat16"):
+                add(_both_ops(dtype=dt, shape=(4, n), dist="outlier_first", row_pad=1, tags=("outlier_first", "long rows")))
     # A long constant float32 row whose N is not a multiple of any vector width: every rounding
     # of a running sum goes the same way, so a sum that accumulates in long sequential chains
     # drifts by about N * u (found by a drawn case in torch.compile's CPU code at N = 32764).
