@@ -38,6 +38,7 @@ import torch
 
 from harness import bench_backward, run, timing
 from harness.arena import Arena
+from harness.guards import nan_count
 from harness.cases import DTYPES, Case, make_inputs
 from harness.runner import device_for, judge
 from harness.shapes import (BACKWARD_BENCH_N, BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, QUICK_BACKWARD,
@@ -443,7 +444,7 @@ def verify(k: NormKernel, s: BenchShape, x, w, b, eps, out: NormOutputs, device:
     """Problems with the outputs of one call (empty when correct), and the worst ulp error seen."""
     problems = []
     for name, t in out.fields().items():
-        unwritten = int(torch.isnan(t).sum())
+        unwritten = nan_count(t)
         if unwritten:  # inputs are finite; NaN is the poison left unwritten (or a NaN computed)
             problems.append(f"{name}: {unwritten} of {t.numel()} elements unwritten or NaN")
     rows = sample_rows(s.m, s.n, device)

@@ -19,6 +19,7 @@ import torch
 
 from harness import run, timing
 from harness.cases import DTYPES
+from harness.guards import nan_count
 from impls.base import DEFAULT_EPS, NormGrads, NormKernel, UnsupportedCase
 from impls.reference import reference_backward
 
@@ -38,7 +39,7 @@ def screen(k: NormKernel, x, w, b, dy, grads: NormGrads, eps: float, sample) -> 
     error over SCREEN_REL_L2 (dx on the sample rows; dw, db over all rows)."""
     problems = []
     for name, t in grads.fields().items():
-        bad = int(torch.isnan(t).sum())
+        bad = nan_count(t)
         if bad:
             problems.append(f"{name}: {bad} of {t.numel()} elements unwritten or NaN")
     want = reference_backward(k.op, x, dy, w, b, eps)

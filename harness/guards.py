@@ -124,6 +124,13 @@ def _count(mask, *tensors) -> torch.Tensor:
     return total
 
 
+def nan_count(t: torch.Tensor) -> int:
+    """How many elements of ``t`` are NaN, counted CHUNK_ELEMENTS at a time: a whole-tensor
+    ``isnan(t).sum()`` widens its mask to int64 first, 32 GiB at 16384 x 262144 (out of memory
+    on an 80 GB card)."""
+    return int(_count(torch.isnan, t))
+
+
 def _first(mask, *tensors) -> list[int] | None:
     """The index of the first element ``mask`` marks (read only for a finding)."""
     for r0, parts in _chunks(*tensors):
