@@ -38,8 +38,8 @@ import torch
 
 from harness import bench_backward, run, timing
 from harness.arena import Arena
-from harness.guards import nan_count
 from harness.cases import DTYPES, Case, make_inputs
+from harness.guards import nan_count
 from harness.runner import device_for, judge
 from harness.shapes import (BACKWARD_BENCH_N, BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, QUICK_BACKWARD,
                             QUICK_BANDWIDTH, QUICK_DECODE, bandwidth_rows)

@@ -254,7 +254,8 @@ def _catalogue(profile: str) -> list[Case]:
     if full:
         for n in (16384, 65536):
             for dt in ("float32", "bfloat16"):
-                add(_both_ops(dtype=dt, shape=(4, n), dist="outlier_first", row_pad=1, tags=("outlier_first", "long rows")))
+                add(_both_ops(dtype=dt, shape=(4, n), dist="outlier_first", row_pad=1,
+                              tags=("outlier_first", "long rows")))
     # A long constant float32 row whose N is not a multiple of any vector width: every rounding
     # of a running sum goes the same way, so a sum that accumulates in long sequential chains
     # drifts by about N * u (found by a drawn case in torch.compile's CPU code at N = 32764).

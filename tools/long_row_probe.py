@@ -184,7 +184,8 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
     if op == "layer_norm":  # with the weight only: what the bias's reads cost
-        c += [(2, name + NO_BIAS, lambda: _tilelang_cluster(op)), (2, "triton.split" + NO_BIAS, lambda: _triton_split(op))]
+        c += [(2, name + NO_BIAS, lambda: _tilelang_cluster(op)),
+              (2, "triton.split" + NO_BIAS, lambda: _triton_split(op))]
     if op == "layer_norm":  # weight and bias held, at widths of 16 columns a thread (item 54)
         c += [(2, f"triton.split weight held {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, hold_w=True))
               for bn, w in ((1024, 2), (2048, 4), (4096, 8))]

@@ -31,7 +31,8 @@ SM90 = {"kind": "cuda", "arch": "sm_90"}
 # check per element against the flat buffer's length and lose the 16-byte accesses.
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 # Cluster plans whose peers may write a block's exchange slots while it still reduces
-# (Plan.mbar_exchange, Plan.relaxed_arrive): no shared buffer reuses another's memory.
+# (Plan.mbar_exchange, Plan.relaxed_arrive), or whose block sums use a workspace TileLang does not
+# see them use (Plan.one_barrier_sum): no shared buffer reuses another's memory.
 SLOTS_OWN_MEMORY = {"tl.disable_shared_memory_reuse": True}
 # How a compiled kernel is called from Python (TileLang's adapters); tools.host_cost measures the
 # host cost of each on a GPU.
