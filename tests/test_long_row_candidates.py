@@ -232,3 +232,35 @@ def test_probe_row_candidates_run_the_rows_they_name():
         make = {lab: m for _, lab, m in probe.candidates(op)}[label]
         plan = make().plan_for(torch.bfloat16, 65536, True, op == "layer_norm", 8)
         assert plan.rows_per_block == rows, label
+
+
+def test_layer_norm_weight_and_bias_ahead_compile_for_sm90():
+    """Plan.wb_ahead (the probe's 'wb ahead' candidates): the first chunks' weight and bias are
+    loaded into registers before the block waits for its peers' partials, not after; sm_90 builds
+    without spills at a power-of-two N and a padded one. They run on a GPU only (the probe)."""
+    import dataclasses
+
+    import torch
+
+    from impls.tilelang import compiler
+    from impls.tilelang._long_plan import cluster_plan
+    from tools import long_row_probe as probe
+
+    tl, why = compiler.tilelang_module()
+    if tl is None:
+        pytest.skip(why)
+    if compiler.nvcc_path() is None:
+        pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
+    labels = {lab for _, lab, _ in probe.candidates("layer_norm")}
+    assert {"tilelang.layer_norm_cluster wb ahead 2", "tilelang.layer_norm_cluster 3 blocks an SM"} <= labels
+    for n, ahead in ((131072, 4), (100000, 2), (131072, 0)):  # 4 at 100000 spills 36 bytes (its masks)
+        plan = dataclasses.replace(cluster_plan("layer_norm_cluster", torch.bfloat16, n, True, True, 8), wb_ahead=ahead)
+        compiled = compiler.compile_plan(plan, compiler.SM90)
+        src, r = compiled.source(), compiler.ptxas_report(compiled)
+        assert r.sass_arch == "sm_90" and r.spill_stores == 0 and r.spill_loads == 0, (plan.describe(), r)
+        wait = src.index("bar[0].wait(0)")
+        assert ("*(uint4*)(wa + " in src) == bool(ahead) == ("*(uint4*)(ba + " in src), plan.describe()
+        if ahead:  # both loads ahead of the wait; the first chunk after it is chunk `ahead`
+            assert src.index("*(uint4*)(wa + ") < wait and src.index("*(uint4*)(ba + ") < wait, plan.describe()
+        else:
+            assert "= *(uint4*)(W + " in src[wait:], plan.describe()

@@ -128,7 +128,12 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     arrive relaxed led the cluster barrier exchange by 2.3-10.5 points at all 18 shapes (now the
     plan's); either change alone and triton.split at one warp a program were slower. At 5cdceca
     (item 56): LayerNorm's chunks summed on their way into shared memory led on that exchange by
-    1.5-3.0 points at 8 of 9 shapes (now its plan's); RMSNorm's were level."""
+    1.5-3.0 points at 8 of 9 shapes (now its plan's); RMSNorm's were level. At c41385e (item 57,
+    the H200): block sums with one barrier led TileLang's AllReduce at 15 of 18 shapes by 1.0-5.1
+    points (now the plans'), clusters of 16 led at float32 262144 (now the rule there), 16 KB
+    segments and 512 threads lost LayerNorm 5-25 points, RMSNorm at one row a block led the
+    two-row plan at three 16-bit shapes by 1.4-2.0 (not taken: one probe), and LayerNorm without
+    its bias ran 1.7-8 points faster."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
     c = [
         (1, name, lambda: _tilelang_cluster(op)),
@@ -183,6 +188,13 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (3, f"{name} 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384)),
         (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
+    if op == "layer_norm":  # weight and bias of the first chunks in flight during the wait for the
+        # peers (Plan.wb_ahead), and three blocks an SM (80 registers a thread against 64): built
+        # after b99c842, not measured yet (4 chunks ahead spill 36 bytes at bf16 100000)
+        c += [(1, f"{name} wb ahead 2", lambda: _tilelang_cluster(op, wb_ahead=2)),
+              (1, f"{name} wb ahead 4", lambda: _tilelang_cluster(op, wb_ahead=4)),
+              (1, f"{name} 3 blocks an SM", lambda: _tilelang_cluster(op, min_blocks=3)),
+              (1, f"{name} 3 blocks an SM wb ahead 4", lambda: _tilelang_cluster(op, min_blocks=3, wb_ahead=4))]
     if op == "layer_norm":  # with the weight only: what the bias's reads cost
         c += [(2, name + NO_BIAS, lambda: _tilelang_cluster(op)),
               (2, "triton.split" + NO_BIAS, lambda: _triton_split(op))]

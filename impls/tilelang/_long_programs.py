@@ -341,6 +341,7 @@ def layer_norm_cluster(plan: Plan):
     M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w, has_b = plan.has_weight, plan.has_bias
     last = N - (C - 1) * S  # columns of the last block; every other block has S
+    A = min(plan.wb_ahead, chunks) if (has_w or has_b) else 0
 
     XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
     load_chunk = _chunk_loader(plan) if plan.stats_in_load else None
@@ -418,6 +419,13 @@ def layer_norm_cluster(plan: Plan):
                 for r in T.Parallel(R):
                     mine[2 * r] = s1[r]
                     mine[2 * r + 1] = s2[r]
+            if A:  # the first A chunks' weight and bias, in flight while the block waits for its peers
+                wa = T.alloc_fragment((A, K), dt)
+                ba = T.alloc_fragment((A, K), dt)
+                T.annotate_layout({wa: _rows_layout(plan, A, K), ba: _rows_layout(plan, A, K)})
+                for a, j in T.Parallel(A, K):
+                    wa[a, j] = T.if_then_else(has_w and base + a * K + j < N, W[base + a * K + j], T.cast(0, dt))
+                    ba[a, j] = T.if_then_else(has_b and base + a * K + j < N, B[base + a * K + j], T.cast(0, dt))
             send_partials(mine, slots, bar, bx % C, lambda k: T.if_then_else(k % 2 == 0, s1[k // 2], s2[k // 2]))
             for r in T.unroll(R):
                 s1[r] = 0.0
@@ -430,11 +438,18 @@ def layer_norm_cluster(plan: Plan):
                         slots[p, 2 * r] / T.if_then_else(p == C - 1, last, S) - s1[r]) * (
                         slots[p, 2 * r] / T.if_then_else(p == C - 1, last, S) - s1[r])
                 s2[r] = T.rsqrt(s2[r] / N + eps)  # s2 now holds rstd
-            for c in _chunk_loop(chunks):
+            if A:
+                for c in T.unroll(A):  # the same arithmetic as _affine, from the registers
+                    for r, j in T.Parallel(R, K):
+                        if base + c * K + j < N:
+                            Y[T.cast(_row_of(row, r, M, R), "int64") * syv * vec + base + c * K + j] = T.cast(_affine(
+                                (T.cast(xs[r, c * K + j], F32) - s1[r]) * s2[r], wa, ba, (c, j), has_w, has_b), dt)
+            for c in _chunk_loop(chunks - A):
                 for r, j in T.Parallel(R, K):
-                    if base + c * K + j < N:
-                        Y[T.cast(_row_of(row, r, M, R), "int64") * syv * vec + base + c * K + j] = T.cast(_affine(
-                            (T.cast(xs[r, c * K + j], F32) - s1[r]) * s2[r], W, B, base + c * K + j, has_w, has_b), dt)
+                    if base + (c + A) * K + j < N:
+                        Y[T.cast(_row_of(row, r, M, R), "int64") * syv * vec + base + (c + A) * K + j] = T.cast(_affine(
+                            (T.cast(xs[r, (c + A) * K + j], F32) - s1[r]) * s2[r], W, B, base + (c + A) * K + j,
+                            has_w, has_b), dt)
             if bx % C == 0:
                 for r in T.unroll(R):
                     MEAN[_row_of(row, r, M, R)] = s1[r]

@@ -41,8 +41,10 @@ def _row_layout(plan: Plan, rows: int, cols: int):
 
 
 def _affine(v, W, B, j, has_w: bool, has_b: bool):
-    """float32 ``v * W[j] + B[j]``, with only the terms the kernel has. Plain Python, run while
-    TileLang parses a program: it returns the expression each kernel stores, with no branch in it."""
+    """float32 ``v * W[j] + B[j]``, with only the terms the kernel has (``j`` an index, or a tuple
+    of them for 2-D buffers). Plain Python, run while TileLang parses a program: it returns the
+    expression each kernel stores, with no branch in it."""
+    j = j if isinstance(j, tuple) else (j,)
     if has_w:
         v = v * T.cast(W[j], F32)
     if has_b:

@@ -85,6 +85,10 @@ class Plan:
     # normdiff_block_sum) instead of TileLang's AllReduce (two barriers a round, log2(threads / 32)
     # rounds); its workspace needs shared memory of its own (compiler.SLOTS_OWN_MEMORY).
     one_barrier_sum: bool = False
+    # LayerNorm cluster kernel: the weight and bias of the segment's first wb_ahead chunks loaded
+    # into registers after the block sums, so that they are in flight while the block waits for
+    # its peers' partials (a probe candidate; 0: every chunk's loaded as it is stored).
+    wb_ahead: int = 0
 
     @property
     def threads(self) -> int:
