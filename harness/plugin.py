@@ -436,6 +436,18 @@ def record(node: pytest.Item, **fields) -> None:
     node.user_properties.append(("normdiff", fields))
 
 
+def expect_known_issue(request, kernel: NormKernel, case: Case) -> None:
+    """Mark a check of a declared known issue (NormKernel.known_issue) as expected to fail:
+    strictly, so that the day it passes the declaration must go, unless the kernel says the issue
+    may pass on some machines (NormKernel.known_issue_may_pass); such a check that passes is
+    recorded as passed."""
+    device = device_for(kernel)
+    issue = kernel.known_issue(case.id, device)
+    if issue:
+        strict = not kernel.known_issue_may_pass(case.id, device)
+        request.applymarker(pytest.mark.xfail(reason=f"known issue: {issue}", strict=strict))
+
+
 def pytest_sessionfinish(session, exitstatus):
     state = session.config.stash.get(STATE, None)
     if state is not None:

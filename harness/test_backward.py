@@ -8,7 +8,7 @@ A kernel without a backward is skipped with that reason (``<name> has no backwar
 import pytest
 
 from harness import compare_backward, properties, runner
-from harness.plugin import record
+from harness.plugin import expect_known_issue, record
 from harness.run import STATE
 
 _ORACLE = runner.BackwardOracleCache()  # one per process: a case's checks run one after another
@@ -48,9 +48,8 @@ def _agreement(result) -> list[tuple]:
 
 def test_backward(backward_case, harness_state, request):
     case, kernel = backward_case
-    issue = kernel.has_backward and kernel.known_issue(case.id, runner.device_for(kernel))
-    if issue:  # strict: the day it passes, the declaration must go
-        request.applymarker(pytest.mark.xfail(reason=f"known issue: {issue}", strict=True))
+    if kernel.has_backward:
+        expect_known_issue(request, kernel, case)
     result = runner.check_backward(kernel, case, oracle=_ORACLE, keep_outputs=True, watch=harness_state.watch)
     if result.skipped:
         pytest.skip(result.skipped)

@@ -2,14 +2,12 @@
 import pytest
 
 from harness import runner
-from harness.plugin import record
+from harness.plugin import expect_known_issue, record
 
 
 def test_against_oracle(case_kernel, harness_state, request):
     case, kernel = case_kernel
-    issue = kernel.known_issue(case.id, runner.device_for(kernel))
-    if issue:  # strict: the day it passes, the declaration must go
-        request.applymarker(pytest.mark.xfail(reason=f"known issue: {issue}", strict=True))
+    expect_known_issue(request, kernel, case)
     result = runner.check(kernel, case, oracle=harness_state.oracle, keep_outputs=True, watch=harness_state.watch)
     if result.skipped:
         pytest.skip(result.skipped)

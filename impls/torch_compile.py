@@ -219,19 +219,23 @@ class CompiledRMSNorm(_TorchCompile):
     def stat_dtype(self, dtype, device):
         return torch.float32
 
-    # Reproduced with torch 2.13 on the CPU (dynamic rows) when Inductor compiles for one thread:
-    # its serial sum of squares drifts. With two or more threads Inductor splits the row's
-    # reduction across them and the drift goes, so the declaration holds for one thread only.
-    # Not seen on the H200 on 2026-11-29.
+    # Reproduced with torch 2.13 on the CPU (dynamic rows): Inductor's sum of squares drifts on
+    # a long constant float32 row, by a margin that depends on the code it generates for the
+    # machine. One CI machine failed at one thread and passed at two; the development machine of
+    # 2026-12-05 (a Xeon with AVX-512, 2 cores) fails at two threads (y 103 ulps off, 6.1e-6) and
+    # passes at one (1.5e-6). So the declaration may pass (known_issue_may_pass). Not seen on the
+    # H200 on 2026-11-29.
     KNOWN_ISSUES = {
-        ("rms_norm-float32-1x32764-constant-noaffine", "cpu", 1):
-            "Inductor's CPU sum of squares, compiled for one thread, drifts on a long constant float32 "
-            "row: y errs by 103 ulps (1.05x the allowance) where eager errs by 0.6",
+        ("rms_norm-float32-1x32764-constant-noaffine", "cpu"):
+            "Inductor's CPU sum of squares drifts on a long constant float32 row on some machines "
+            "and thread counts: y errs by 103 ulps (1.05x the allowance) where eager errs by 0.6",
     }
 
     def known_issue(self, case_id, device):
-        threads = torch.get_num_threads() if device == "cpu" else None
-        return self.KNOWN_ISSUES.get((case_id, device, threads))
+        return self.KNOWN_ISSUES.get((case_id, device))
+
+    def known_issue_may_pass(self, case_id, device):
+        return (case_id, device) in self.KNOWN_ISSUES
 
     def _args(self, x, weight, bias, eps, out):
         return (x, weight, eps, out.y, out.rstd)
