@@ -131,7 +131,7 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
     1.5-3.0 points at 8 of 9 shapes (now its plan's); RMSNorm's were level. At c41385e (item 57,
     the H200): block sums with one barrier led TileLang's AllReduce at 15 of 18 shapes by 1.0-5.1
     points (now the plans'), clusters of 16 led at float32 262144 (now the rule there), 16 KB
-    segments and 512 threads lost LayerNorm 5-25 points, RMSNorm at one row a block led the
+    segments and 512 threads lost LayerNorm up to 22 points, RMSNorm at one row a block led the
     two-row plan at three 16-bit shapes by 1.4-2.0 (not taken: one probe), and LayerNorm without
     its bias ran 1.7-8 points faster."""
     name = "tilelang.cluster" if op == "rms_norm" else "tilelang.layer_norm_cluster"
