@@ -69,9 +69,8 @@ def test_cluster_exchange_forms_compile_for_sm90(op, name):
              ("barrier exchange relaxed",  False,  True,  ln,     one,    torch.float32, 262144),
              ("mbarrier exchange fenced",  True,   False, ln,     one,    torch.bfloat16, 100000),
              (other_stats,                 True,   True,  not ln, one,    torch.float32, 262144),
-             ("one-barrier sums",          True,   True,  ln,     True,   torch.bfloat16, 131072),
              ("AllReduce sums",            True,   True,  ln,     False,  torch.float32, 262144),
-             ("one-barrier sums 2 rows" if ln else "one-barrier sums", True, True, ln, True, torch.float16, 65536))
+             ("2 rows" if ln else "1 row", True,   True,  ln,     one,    torch.float16, 65536))
     for label, mbar, relaxed, stats, one_sum, dtype, n in forms:
         plan = made[f"{name} {label}"]().plan_for(dtype, n, True, op == "layer_norm", choose_vec(dtype, n))
         assert (plan.mbar_exchange, plan.relaxed_arrive, plan.stats_in_load) == (mbar, relaxed, stats), label

@@ -148,18 +148,11 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         # (the plan's for LayerNorm: _long_plan.LN_STATS_IN_LOAD; the other form for each op)
         (1, f"{name} {'stats in load' if op == 'rms_norm' else 'stats from shared memory'}",
          lambda: _tilelang_cluster(op, stats_in_load=op == "rms_norm")),
-        # Block sums by warp shuffles and one barrier (Plan.one_barrier_sum, the plans' since
-        # c41385e's probe: _long_plan.ONE_BARRIER_SUM) against TileLang's AllReduce (two barriers a
-        # round); with clusters of up to 16, 16 KB segments, 512 threads
+        # The plans' block sums by warp shuffles and one barrier (_long_plan.ONE_BARRIER_SUM, from
+        # c41385e's probe, where the other labels here were "one-barrier sums ...") against
+        # TileLang's AllReduce (two barriers a round); 16 KB segments in clusters of up to 16
         (1, f"{name} AllReduce sums", lambda: _tilelang_cluster(op, one_barrier_sum=False)),
-        (1, f"{name} one-barrier sums", lambda: _tilelang_cluster(op, one_barrier_sum=True)),
-        (1, f"{name} one-barrier sums cluster<=16",
-         lambda: _tilelang_cluster(op, max_cluster=16, one_barrier_sum=True)),
-        (1, f"{name} one-barrier sums 16KB segments",
-         lambda: _tilelang_cluster(op, segment_bytes=16384, max_cluster=16, one_barrier_sum=True)),
-        (1, f"{name} one-barrier sums 512 threads", lambda: _tilelang_cluster(op, threads=512, one_barrier_sum=True)),
-        (2, f"{name} one-barrier sums {'1 row' if op == 'rms_norm' else '2 rows'}",
-         lambda: _tilelang_cluster(op, rows=1 if op == "rms_norm" else 2, one_barrier_sum=True)),
+        (2, f"{name} 16KB segments cluster<=16", lambda: _tilelang_cluster(op, segment_bytes=16384, max_cluster=16)),
         # Rows a block (the same threads on each; one weight and bias load for them): RMSNorm's
         # plan carries 2 from N = 65536 (_long_plan.RMS_ROWS), LayerNorm's one
         (1, f"{name} {'1 row' if op == 'rms_norm' else '2 rows'}",
@@ -188,17 +181,18 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (3, f"{name} 16KB segments", lambda: _tilelang_cluster(op, segment_bytes=16384)),
         (3, f"{name} cluster<=16", lambda: _tilelang_cluster(op, max_cluster=16)),
     ]
-    if op == "layer_norm":  # weight and bias of the first chunks in flight during the wait for the
-        # peers (Plan.wb_ahead), and three blocks an SM (80 registers a thread against 64): built
-        # after b99c842, not measured yet (4 chunks ahead spill 36 bytes at bf16 100000)
+    if op == "layer_norm":
+        # Weight and bias of the first chunks in flight during the wait for the peers
+        # (Plan.wb_ahead), and three blocks an SM (80 registers a thread against 64): built after
+        # b99c842, not measured yet (4 chunks ahead spill 36 bytes at bf16 100000)
         c += [(1, f"{name} wb ahead 2", lambda: _tilelang_cluster(op, wb_ahead=2)),
               (1, f"{name} wb ahead 4", lambda: _tilelang_cluster(op, wb_ahead=4)),
               (1, f"{name} 3 blocks an SM", lambda: _tilelang_cluster(op, min_blocks=3)),
               (1, f"{name} 3 blocks an SM wb ahead 4", lambda: _tilelang_cluster(op, min_blocks=3, wb_ahead=4))]
-    if op == "layer_norm":  # with the weight only: what the bias's reads cost
+        # With the weight only: what the bias's reads cost
         c += [(2, name + NO_BIAS, lambda: _tilelang_cluster(op)),
               (2, "triton.split" + NO_BIAS, lambda: _triton_split(op))]
-    if op == "layer_norm":  # weight and bias held, at widths of 16 columns a thread (item 54)
+        # Weight and bias held, at widths of 16 columns a thread (item 54)
         c += [(2, f"triton.split weight held {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, hold_w=True))
               for bn, w in ((1024, 2), (2048, 4), (4096, 8))]
         # impls/triton/_candidates.py: the store step in two halves (fewer registers); within 3

@@ -69,9 +69,9 @@ __device__ __forceinline__ void normdiff_put_f32(void* slot, float value, void* 
 
 # A block's sum (Plan.one_barrier_sum): the thread's n values from v[first] in order, then an xor
 # butterfly in each warp (every lane ends with the same bits: IEEE addition commutes), a warp's
-# sum into ws[warp], one barrier, and every thread sums ws in warp order. TileLang's AllReduce takes two
-# named barriers a round for each of log2(threads / 32) rounds instead. Each call needs a ws of
-# its own: a thread may still read one call's ws while another writes the next's.
+# sum into ws[warp], one barrier, and every thread sums ws in warp order. TileLang's AllReduce
+# takes two named barriers a round for each of log2(threads / 32) rounds instead. Each call needs
+# a ws of its own: a thread may still read one call's ws while another writes the next's.
 _BLOCK_SUM_SOURCE = r"""
 __device__ __forceinline__ float normdiff_block_sum(const float* v, int first, int n, float* ws, int warps) {
   float s = v[first];
