@@ -153,6 +153,9 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         # TileLang's AllReduce (two barriers a round); 16 KB segments in clusters of up to 16
         (1, f"{name} AllReduce sums", lambda: _tilelang_cluster(op, one_barrier_sum=False)),
         (2, f"{name} 16KB segments cluster<=16", lambda: _tilelang_cluster(op, segment_bytes=16384, max_cluster=16)),
+        # Each block's segment of the row one or two waves ahead brought into L2 first
+        # (Plan.l2_ahead); built after 29bbf56, not measured yet
+        *[(1, f"{name} L2 ahead {a}", lambda a=a: _tilelang_cluster(op, l2_ahead=a)) for a in (1, 2)],
         # Rows a block (the same threads on each; one weight and bias load for them): RMSNorm's
         # plan carries 2 from N = 65536 (_long_plan.RMS_ROWS), LayerNorm's one
         (1, f"{name} {'1 row' if op == 'rms_norm' else '2 rows'}",
@@ -161,6 +164,9 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         (2, f"{name} TMA 16KB segments", lambda: _tilelang_tma(op, segment_bytes=16384)),
         (2, f"{name} TMA 6 blocks", lambda: _tilelang_tma(op, min_blocks=6)),
         *[(1, f"triton.split{label}", lambda c=c: _triton_split(op, **c)) for label, c in LOAD_CHOICES],
+        # Rows past the next one brought into L2 by a bulk prefetch (LaunchConfig.l2_ahead): HBM
+        # reads in flight that hold no registers; built after 29bbf56, not measured yet
+        *[(1, f"triton.split L2 ahead {a}", lambda a=a: _triton_split(op, l2_ahead=a)) for a in (1, 2, 4)],
         (1, "triton.split next first", lambda: _triton_split(op, next_first=True)),
         (1, "triton.split next after", lambda: _triton_split(op, next_first=False)),
         *[(2, f"triton.split next first {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, next_first=True))

@@ -86,13 +86,49 @@ __device__ __forceinline__ float normdiff_block_sum(const float* v, int first, i
 }
 """
 
+# Plan.l2_ahead: thread 0 brings the 16-byte-aligned span of ``bytes`` bytes at ``col_bytes`` into
+# row ``row + ahead`` of x into L2 (cp.async.bulk.prefetch, sm_90; no registers, no shared memory),
+# where ahead = SMs x per_sm / cluster rows: as many rows as the GPU holds at once, so the block
+# that loads that row one wave later finds it in L2. Nothing past row m - 1. A hint: no value changes.
+_PREFETCH_SOURCE = r"""
+__device__ __forceinline__ void normdiff_prefetch_l2(const void* x, long long row, long long m, long long row_bytes,
+                                                     long long col_bytes, unsigned bytes, int per_sm, int cluster) {
+  if (threadIdx.x != 0) return;
+  unsigned sms;
+  asm volatile("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  long long r = row + (long long)sms * per_sm / cluster;
+  if (r >= m) return;
+  unsigned long long a = (unsigned long long)x + r * row_bytes + col_bytes;
+  unsigned long long e = (a + bytes) & ~15ull;
+  a = (a + 15) & ~15ull;
+  if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(a), "r"((unsigned)(e - a)) : "memory");
+}
+"""
+
+
+def _prefetch_ahead(plan: Plan, C: int):
+    """A macro: with Plan.l2_ahead, the block's segment of each of its rows l2_ahead waves ahead
+    into L2 (normdiff_prefetch_l2); nothing otherwise."""
+    size = {"float32": 4, "float16": 2, "bfloat16": 2}[plan.dtype]
+    per_sm = plan.l2_ahead * (plan.min_blocks or 1) * plan.rows_per_block
+
+    @T.macro
+    def prefetch(X, row, base, sxv, M):
+        if plan.l2_ahead:
+            for r in T.unroll(plan.rows_per_block):
+                T.call_extern("handle", "normdiff_prefetch_l2", X.data, T.cast(row + r, "int64"), T.cast(M, "int64"),
+                              sxv * (plan.vec * size), T.cast(base, "int64") * size,
+                              T.cast(T.max(T.min(plan.padded, plan.n - base), 0) * size, "uint32"), per_sm, C)
+    return prefetch
+
 
 def _helpers(plan: Plan, sums: int):
     """The kernel's device functions in the generated CUDA (one import: a second would replace
     the first), and (bar, ws): the mbarrier of the mbarrier exchange (its arrive count 1: the
     block's own arrive; None for the barrier exchange) and the shared workspace of ``sums``
     one-barrier block sums (None without Plan.one_barrier_sum)."""
-    sources = ([_PUT_SOURCE] if plan.mbar_exchange else []) + ([_BLOCK_SUM_SOURCE] if plan.one_barrier_sum else [])
+    sources = ([_PUT_SOURCE] if plan.mbar_exchange else []) + ([_BLOCK_SUM_SOURCE] if plan.one_barrier_sum else []) + (
+        [_PREFETCH_SOURCE] if plan.l2_ahead else [])
     if sources:
         T.import_source("".join(sources))
     bar = T.alloc_barrier(1) if plan.mbar_exchange else None
@@ -271,6 +307,7 @@ def rms_norm_cluster(plan: Plan):
     load_chunk = _chunk_loader(plan) if plan.stats_in_load else None
     start_exchange, send_partials = _exchange(plan, C, R)
     block_sum = _block_sum(plan)
+    prefetch_ahead = _prefetch_ahead(plan, C)
 
     @T.prim_func
     def main(
@@ -290,6 +327,7 @@ def rms_norm_cluster(plan: Plan):
             start_exchange(slots, bar)
             row = bx // C * R  # the block's first row
             base = (bx % C) * S
+            prefetch_ahead(X, row, base, sxv, M)
             for r, j in T.Parallel(R, K):
                 acc[r, j] = 0.0
             if plan.stats_in_load:  # each chunk summed from registers on its way to shared memory
@@ -347,6 +385,7 @@ def layer_norm_cluster(plan: Plan):
     load_chunk = _chunk_loader(plan) if plan.stats_in_load else None
     start_exchange, send_partials = _exchange(plan, C, 2 * R)
     block_sum = _block_sum(plan)
+    prefetch_ahead = _prefetch_ahead(plan, C)
 
     @T.prim_func
     def main(
@@ -367,6 +406,7 @@ def layer_norm_cluster(plan: Plan):
             start_exchange(slots, bar)
             row = bx // C * R  # the block's first row
             base = (bx % C) * S
+            prefetch_ahead(X, row, base, sxv, M)
             nb = T.if_then_else(bx % C == C - 1, last, S)
             if plan.stats_in_load:
                 # Each lane's values on their way to shared memory, by Welford's update (sh: the

@@ -89,6 +89,10 @@ class Plan:
     # into registers after the block sums, so that they are in flight while the block waits for
     # its peers' partials (a probe candidate; 0: every chunk's loaded as it is stored).
     wb_ahead: int = 0
+    # Cluster kernels: each block first brings its segment of the row l2_ahead waves ahead into L2
+    # (one bulk prefetch by thread 0; a wave: the rows the GPU holds at once at min_blocks blocks an
+    # SM), so the block that will load it finds it there (a probe candidate; 0: none).
+    l2_ahead: int = 0
 
     @property
     def threads(self) -> int:

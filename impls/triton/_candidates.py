@@ -34,12 +34,13 @@ def layer_norm_split_lag_halves(
     X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "",
-    W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = True,
+    W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = True, L2_AHEAD: tl.constexpr = 0,
 ):
     # The lagged kernels' launch choices, as SplitRowsKernel.run passes them: the next row is
     # always loaded first here, and the weight and bias are never held.
     tl.static_assert(not HOLD_W, "layer_norm_split_lag_halves loads its weight and bias each row")
     tl.static_assert(NEXT_FIRST, "layer_norm_split_lag_halves loads the next row first")
+    tl.static_assert(L2_AHEAD == 0, "layer_norm_split_lag_halves prefetches nothing into L2")
     H: tl.constexpr = BLOCK_N // 2
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS

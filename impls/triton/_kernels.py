@@ -443,12 +443,47 @@ def _columns(P, cols, cmask, held, HOLD: tl.constexpr, W_EVICT: tl.constexpr):
     return tl.load(P + cols, mask=cmask, other=0.0, eviction_policy=W_EVICT).to(tl.float32)
 
 
+# Rows ahead of the next one brought into L2 by a bulk prefetch (settings.LaunchConfig.l2_ahead):
+# one thread of the program issues cp.async.bulk.prefetch.L2 (sm_90) for the program's columns of
+# that row, so HBM reads are in flight that hold no registers, and the row's later load into
+# registers (x_next) hits L2. Only the 16-byte-aligned span inside the columns is prefetched (the
+# instruction needs 16-byte addresses and sizes; strided rows need not be aligned). A hint: it
+# changes no value. The Triton interpreter has no inline PTX, so LaunchConfig keeps it off there.
+_L2_PREFETCH_PTX = tl.constexpr("""{
+ .reg .pred p, q;
+ .reg .u32 t, n;
+ .reg .u64 a, e, s;
+ mov.u32 t, %tid.x;
+ add.u64 a, $1, 15;
+ and.b64 a, a, 0xFFFFFFFFFFFFFFF0;
+ cvt.u64.u32 s, $2;
+ add.u64 e, $1, s;
+ and.b64 e, e, 0xFFFFFFFFFFFFFFF0;
+ setp.gt.u64 q, e, a;
+ setp.eq.and.u32 p, t, 0, q;
+ sub.u64 s, e, a;
+ cvt.u32.u64 n, s;
+ @p cp.async.bulk.prefetch.L2.global [a], n;
+ mov.u32 $0, 0;
+}""")
+
+
+@triton.jit
+def _prefetch_row_l2(X, row, stride_x, part, N: tl.constexpr, BLOCK_N: tl.constexpr, M):
+    """Bring program ``part``'s columns of row ``row`` of x into L2 (nothing past the last row),
+    issued by the program's first thread."""
+    if row < M:
+        nbytes = tl.minimum(N - part * BLOCK_N, BLOCK_N) * (X.dtype.element_ty.primitive_bitwidth // 8)
+        tl.inline_asm_elementwise(_L2_PREFETCH_PTX, "=r,l,r", [X + row.to(tl.int64) * stride_x + part * BLOCK_N, nbytes],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["GROUPS"])
 def rms_norm_split_lag(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
     ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "", W_EVICT: tl.constexpr = "",
-    NEXT_FIRST: tl.constexpr = False,
+    NEXT_FIRST: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0,
 ):
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
@@ -460,10 +495,14 @@ def rms_norm_split_lag(
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
+    for ahead in tl.static_range(1, L2_AHEAD):  # the rows before the loop's first prefetch
+        _prefetch_row_l2(X, group + (1 + ahead) * GROUPS, stride_x, part, N, BLOCK_N, M)
     it = 0
     row = group
     while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
         nxt = row + GROUPS
+        if L2_AHEAD > 0:  # row i + 1 + L2_AHEAD into L2, for its load L2_AHEAD steps from now
+            _prefetch_row_l2(X, nxt + L2_AHEAD * GROUPS, stride_x, part, N, BLOCK_N, M)
         if NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
         x = x_cur.to(tl.float32)
@@ -496,7 +535,7 @@ def layer_norm_split_lag(
     X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "",
-    W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = False,
+    W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0,
 ):
     # triton.split's statistics (each part's exact mean and centred M2, merged by Chan's
     # combination), lagged as rms_norm_split_lag.
@@ -513,10 +552,14 @@ def layer_norm_split_lag(
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
+    for ahead in tl.static_range(1, L2_AHEAD):  # the rows before the loop's first prefetch
+        _prefetch_row_l2(X, group + (1 + ahead) * GROUPS, stride_x, part, N, BLOCK_N, M)
     it = 0
     row = group
     while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
         nxt = row + GROUPS
+        if L2_AHEAD > 0:  # row i + 1 + L2_AHEAD into L2, for its load L2_AHEAD steps from now
+            _prefetch_row_l2(X, nxt + L2_AHEAD * GROUPS, stride_x, part, N, BLOCK_N, M)
         if NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
         x = x_cur.to(tl.float32)

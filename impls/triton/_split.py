@@ -57,7 +57,8 @@ class SplitRowsKernel(TritonKernel):
         if name == self._kernel_name:
             meta["DEPTH"] = self.depth
         else:  # the lagged kernels' load choices (settings.split_config)
-            meta.update(HOLD_W=cfg.hold_w, X_CACHE=cfg.x_cache, W_EVICT=cfg.w_evict, NEXT_FIRST=cfg.next_first)
+            meta.update(HOLD_W=cfg.hold_w, X_CACHE=cfg.x_cache, W_EVICT=cfg.w_evict, NEXT_FIRST=cfg.next_first,
+                        L2_AHEAD=cfg.l2_ahead)
         words, done = _split_workspace(x.device)
         key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)

@@ -104,6 +104,8 @@ class LaunchConfig:
     w_evict: str = ""
     # ... and the next row's load issued before this row's reductions, not after them.
     next_first: bool = False
+    # ... and rows this many steps past the next one brought into L2 by a bulk prefetch (0: none).
+    l2_ahead: int = 0
 
 
 SPLIT_TUNED = {key: LaunchConfig(block_n=block_n, rows=1, num_warps=warps, hold_w=hold_w, x_cache=x_cache,
