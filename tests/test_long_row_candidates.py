@@ -177,7 +177,8 @@ print("registers", *_usage(compiled), *_usage(halves))
 
 
 @pytest.mark.parametrize("name, next_first", [(k, nf) for k in ("rms_norm_split_lag", "layer_norm_split_lag")
-                                                for nf in (False, True)] + [("layer_norm_split_lag_halves", True)])
+                                                for nf in (False, True)] + [("layer_norm_split_lag_halves", True),
+                                                                            ("layer_norm_split_lag_l2", True)])
 def test_lagged_split_rows_with_one_program_a_row(name, next_first):
     """The lagged kernels' row logic where it can run without co-resident programs, on the
     interpreter too: one program a row (SPLITS = 1), so every wait is for the program's own
@@ -190,7 +191,7 @@ def test_lagged_split_rows_with_one_program_a_row(name, next_first):
     from impls.triton._launch import state
 
     device = "cpu" if state().interpreted else "cuda"
-    fn = getattr(_candidates if name.endswith("halves") else _kernels, name)
+    fn = getattr(_candidates if name.endswith(("halves", "_l2")) else _kernels, name)
     m, n, block = 7, 1000, 1024
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(m, n, generator=g) * 3 + 100).to(device)
@@ -201,6 +202,8 @@ def test_lagged_split_rows_with_one_program_a_row(name, next_first):
     words = torch.zeros(64, dtype=torch.int64, device=device)
     done = torch.zeros(8, dtype=torch.int32, device=device)
     meta = dict(HAS_WEIGHT=True, BLOCK_N=block, SPLITS=1, SPLITS_P2=1, ROUND_BF16=False, NEXT_FIRST=next_first)
+    if name.endswith("_l2"):  # its prefetch is inline PTX, which the interpreter cannot run
+        meta["L2_AHEAD"] = 0 if device == "cpu" else 1
     x64 = x.double()
     if name.startswith("rms"):
         fn[(2,)](x, w, y, rstd, words, done, m, n, n, n, 1e-5, 2, **meta)
@@ -263,3 +266,79 @@ def test_layer_norm_weight_and_bias_ahead_compile_for_sm90():
             assert src.index("*(uint4*)(wa + ") < wait and src.index("*(uint4*)(ba + ") < wait, plan.describe()
         else:
             assert "= *(uint4*)(W + " in src[wait:], plan.describe()
+
+
+def test_l2_prefetch_candidates_compile_for_sm90():
+    """The bulk prefetch into L2 (the probe's 'L2 ahead' and 'L2 only' candidates), compiled for
+    sm_90 (no GPU needed): the lagged split kernels issue one cp.async.bulk.prefetch.L2 a step
+    (and L2_AHEAD - 1 before their loop) and none at L2_AHEAD = 0, at the registers they take
+    without it (within 2); the L2-only LayerNorm candidate, which holds no row ahead, takes fewer
+    registers than the lagged kernel at the same setting, without spills; the TileLang cluster
+    kernels call the prefetch before their first load of x, within 2 registers, without spills."""
+    import dataclasses
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = r'''
+import triton, torch
+from impls.triton import _kernels as k, _candidates as cand
+from tools.triton_resources import compile_sm90, _usage
+n, bn = 131072, 4096
+x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
+s = torch.empty(2, dtype=torch.float32); words = torch.empty(64, dtype=torch.int64); done = torch.empty(8, dtype=torch.int32)
+base = dict(HAS_WEIGHT=True, BLOCK_N=bn, ROUND_BF16=False, num_warps=4, SPLITS=n // bn, SPLITS_P2=n // bn,
+            X_CACHE=".cg", W_EVICT="evict_last", NEXT_FIRST=True)
+for name, fn in (("rms", k.rms_norm_split_lag), ("ln", k.layer_norm_split_lag), ("ln_l2", cand.layer_norm_split_lag_l2)):
+    tensors = (x, w, x, s) if name == "rms" else (x, w, w, x, s, s)
+    meta = dict(base) if name == "rms" else dict(base, HAS_BIAS=True)
+    for ahead in (0, 1, 2):
+        c = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), dict(meta, L2_AHEAD=ahead))
+        print(name, ahead, c.asm["ptx"].count("cp.async.bulk.prefetch.L2.global"), *_usage(c))
+'''
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env={**env, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {(name, int(a)): tuple(map(int, rest)) for name, a, *rest in (line.split() for line in proc.stdout.splitlines())}
+    for name in ("rms", "ln"):
+        regs0 = got[name, 0][1]
+        for ahead, sites in ((0, 0), (1, 1), (2, 2)):
+            count, regs, spills = got[name, ahead]
+            assert count == sites and spills == 0 and regs <= regs0 + 2, (name, ahead, got[name, ahead], regs0)
+    for ahead, sites in ((0, 0), (1, 2), (2, 3)):  # the L2-only kernel prefetches its first L2_AHEAD rows too
+        count, regs, spills = got["ln_l2", ahead]
+        assert count == sites and spills == 0 and regs < got["ln", 0][1], (ahead, got["ln_l2", ahead], got["ln", 0])
+
+    import torch
+
+    from impls.tilelang import compiler
+    from impls.tilelang._long_plan import cluster_plan
+    from tools import long_row_probe as probe
+
+    tl, why = compiler.tilelang_module()
+    if tl is None:
+        pytest.skip(why)
+    if compiler.nvcc_path() is None:
+        pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
+    for op, variant in (("rms_norm", "cluster"), ("layer_norm", "layer_norm_cluster")):
+        labels = {lab for _, lab, _ in probe.candidates(op)}
+        assert f"tilelang.{variant} L2 ahead 1" in labels and "triton.split L2 ahead 1" in labels, op
+        for dtype, n, vec in ((torch.bfloat16, 131072, 8), (torch.float32, 100000, 4)):
+            own = cluster_plan(variant, dtype, n, True, op == "layer_norm", vec)
+            reports = []
+            for ahead in (0, 1):
+                plan = dataclasses.replace(own, l2_ahead=ahead)
+                compiled = compiler.compile_plan(plan, compiler.SM90)
+                src, r = compiled.source(), compiler.ptxas_report(compiled)
+                assert r.sass_arch == "sm_90" and r.spill_stores == 0 and r.spill_loads == 0, (plan.describe(), r)
+                body = src[src.index("__global__"):]
+                assert ("normdiff_prefetch_l2(X" in body) == bool(ahead), plan.describe()
+                if ahead:
+                    first_load = re.search(r"\*\(\w+\*\)\(X \+ ", body)  # a vector load of x
+                    assert body.index("normdiff_prefetch_l2(X") < first_load.start(), plan.describe()
+                reports.append(r.registers)
+            assert reports[1] <= reports[0] + 2, (op, dtype, reports)

@@ -11,6 +11,12 @@
 #                                 BENCH_K a pytest -k selection; BENCH_EXTRAS=0 leaves out the README
 #                                 shapes and tools.host_cost
 #   tools/gpu_run.sh sweep OUT [ARGS]   the Triton launch-setting sweep (python -m tools.triton_sweep ARGS)
+#   tools/gpu_run.sh longprobe OUT   tools.long_row_probe (x of about 1 GiB) for each of PROBE_DTYPES
+#                                 (default bfloat16; with Triton's compiles, about one dtype fits a
+#                                 call): LayerNorm's candidates matching PROBE_LN, then RMSNorm's
+#                                 matching PROBE_RMS (regular expressions, "" for none; defaults: the
+#                                 registered kernels and the candidates not measured yet), each probe
+#                                 under PROBE_BUDGET seconds (default 100); one output folder each
 # The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
 # TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
 # wherever APEX_LIB points. The checks are one pytest run whose xdist workers share the GPU and
@@ -62,5 +68,19 @@ sweep)
   timeout 300 python -m tools.triton_sweep "${@:3}" --json "$out/triton-sweep.json" > "$out/triton-sweep.log" 2>&1
   tail -n 80 "$out/triton-sweep.log"
   ;;
-*) echo "usage: tools/gpu_run.sh checks|tests|bench|sweep OUT [sweep arguments]" >&2; exit 2 ;;
+longprobe)
+  ln=${PROBE_LN-'^(tilelang\.layer_norm_cluster( wb ahead 2| 3 blocks an SM| AllReduce sums| L2 ahead [12])?|triton\.split( L2 ahead [12]| L2 only| L2 only ahead 2)?)$'}
+  rms=${PROBE_RMS-'^(tilelang\.cluster( 1 row| L2 ahead [12])?|triton\.split( L2 ahead [12])?)$'}
+  budget=${PROBE_BUDGET:-100}
+  for dt in ${PROBE_DTYPES:-bfloat16}; do
+    for op in layer_norm rms_norm; do
+      only=$ln; [[ $op == rms_norm ]] && only=$rms  # PROBE_LN= / PROBE_RMS= (empty): that op not probed
+      [[ -z $only ]] && continue
+      timeout $((budget + 40)) python -m tools.long_row_probe --tiers 2 --jobs "$jobs" --ops $op --dtype "$dt" \
+        --only "$only" --budget "$budget" --out "$out/probe-$op-$dt" > "$out/probe-$op-$dt.log" 2>&1
+      echo "$op $dt: exit $?"; tail -n 1 "$out/probe-$op-$dt.log"
+    done
+  done
+  ;;
+*) echo "usage: tools/gpu_run.sh checks|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
 esac

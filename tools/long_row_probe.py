@@ -67,6 +67,19 @@ def _triton_halves(block_n=None, warps=None):
     return k
 
 
+def _triton_l2_only(block_n=None, warps=None, ahead=1):
+    """triton.split's LayerNorm with its lagged rows run by the L2-only candidate
+    (impls.triton._candidates.layer_norm_split_lag_l2): each row loaded in its own step after a
+    bulk prefetch into L2 ``ahead`` steps earlier, no row held ahead in registers."""
+    from impls.triton import _candidates
+    from impls.triton.settings import SPLIT_LAG_MIN_N
+
+    k = _triton_split("layer_norm", 1, block_n, warps, hold_w=False, l2_ahead=ahead)
+    k.kernel_module = _candidates
+    k.kernel_name = lambda n: "layer_norm_split_lag_l2" if n >= SPLIT_LAG_MIN_N else k._kernel_name
+    return k
+
+
 def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=None, min_blocks=None,
                       **exchange):
     """tilelang.cluster or tilelang.layer_norm_cluster with another plan: threads, segment size,
@@ -203,6 +216,13 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
               for bn, w in ((1024, 2), (2048, 4), (4096, 8))]
         # impls/triton/_candidates.py: the store step in two halves (fewer registers); within 3
         # points of triton.split at 725bf38 (item 55)
+        # impls/triton/_candidates.py: each row loaded in its own step from L2, where a bulk
+        # prefetch brought it (two rows in registers, not three: bf16 131072 at 4096 x 4 warps 96
+        # registers against 128, sm_90 offline); built after 29bbf56, not measured yet
+        c += [(1, "triton.split L2 only", lambda: _triton_l2_only()),
+              (1, "triton.split L2 only ahead 2", lambda: _triton_l2_only(ahead=2))]
+        c += [(2, f"triton.split L2 only {bn}x{w}w", lambda bn=bn, w=w: _triton_l2_only(bn, w))
+              for bn, w in ((1024, 2), (2048, 4), (4096, 8))]
         c += [(2, "triton.split store halves", lambda: _triton_halves())]
         c += [(2, f"triton.split store halves {bn}x{w}w", lambda bn=bn, w=w: _triton_halves(bn, w))
               for bn, w in ((2048, 2), (2048, 4), (4096, 4), (8192, 8))]
