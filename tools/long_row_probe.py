@@ -5,7 +5,10 @@ sampled rows, a repeat compared bit for bit and the first rows run alone (batch 
     python -m tools.long_row_probe --out "$OUT" [--ops rms_norm,layer_norm] [--dtype bfloat16]
 
 Candidates run in tiers (the new kernels first, then the baselines and alternative launch
-settings), and the probe stops starting new ones after --budget seconds. M: x of about 1 GiB
+settings), each N's one after another. With --jobs, the TileLang plans and Triton candidates are
+compiled first in parallel. No candidate starts after --budget seconds, which are shared out over
+the tiers' N by their number of candidates, so a short budget drops the last candidates of each
+N rather than whole N. M: x of about 1 GiB
 (--bench-rows: the benchmark's M, harness.shapes.bandwidth_rows, 2^31 elements and more at
 N >= 131072). Writes long_rows.json and long_rows.txt under --out.
 """
@@ -282,17 +285,46 @@ def _compile(plan) -> str | None:
     return None
 
 
-def prewarm(plans: list, jobs: int) -> None:
-    """Compile the TileLang candidates' plans in parallel (spawned workers: CUDA cannot fork), so
-    the probe's budget goes to timing; the probe then loads them from the disk cache."""
+# Rows of the prewarm's Triton calls: Triton specialises an int argument on its divisibility by 16,
+# so M = 16 compiles what the probe's x (a power-of-two M) runs, and SAMPLE_ROWS what check's
+# rows alone run.
+WARM_ROWS = (16, SAMPLE_ROWS)
+
+
+def _compile_triton(task: tuple) -> str | None:
+    """A worker's share of the prewarm: one Triton candidate (op, label, N, dtype) called on a few
+    rows, which leaves its compiled kernels in Triton's disk cache."""
+    op, label, n, dt = task
+    try:
+        registry.load_all()
+        kernel = {lab: make for _, lab, make in candidates(op)}[label]()
+        for m in WARM_ROWS:
+            d = make_inputs(Case(op, dt, (m, n)), "cuda")
+            w, b = affine_of(label, d)
+            spec = spec_of(op, d.x, "cuda", w, b)
+            if kernel.unsupported(spec):
+                return None
+            kernel.prepare(spec)
+            kernel(d.x, w, b, d.eps)
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 (the probe reports it when it runs the candidate)
+        return f"{label} N={n}: {type(exc).__name__}: {exc}"[:300]
+    return None
+
+
+def prewarm(plans: list, jobs: int, triton_tasks: list = ()) -> None:
+    """Compile the TileLang candidates' plans and the Triton candidates (``triton_tasks``) in
+    parallel (spawned workers: CUDA cannot fork), so the probe's budget goes to timing; the probe
+    then loads them from the disk caches."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     t0 = time.perf_counter()
     with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-        errors = [e for e in pool.map(_compile, plans) if e]
-    print(f"prewarm: {len(plans)} TileLang plans in {time.perf_counter() - t0:.0f} s"
-          + "".join(f"\n  {e}" for e in errors), flush=True)
+        futures = [pool.submit(_compile, p) for p in plans] + [pool.submit(_compile_triton, t) for t in triton_tasks]
+        errors = [e for e in (f.result() for f in futures) if e]
+    print(f"prewarm: {len(plans)} TileLang plans, {len(triton_tasks)} Triton candidates in "
+          f"{time.perf_counter() - t0:.0f} s" + "".join(f"\n  {e}" for e in errors), flush=True)
 
 
 def main(argv=None) -> int:
@@ -304,7 +336,8 @@ def main(argv=None) -> int:
     p.add_argument("--ns", default="65536,131072,262144")
     p.add_argument("--tiers", type=int, default=3)
     p.add_argument("--only", default="", help="a regular expression: only the candidates whose label it matches")
-    p.add_argument("--budget", type=float, default=110.0, help="seconds after which no candidate starts")
+    p.add_argument("--budget", type=float, default=110.0, help="seconds of the run (prewarm included) after which "
+                   "no candidate starts, shared out by N")
     p.add_argument("--bench-rows", action="store_true", help="the benchmark's M instead of x of about 1 GiB")
     p.add_argument("--jobs", type=int, default=0, help="compile the TileLang candidates first in this many "
                    "processes (0: none)")
@@ -333,12 +366,16 @@ def main(argv=None) -> int:
         return inputs[op, n]
 
     if args.jobs:
-        plans = set()
+        plans, triton_tasks = set(), []
         for op in ops:
             for n in ns:
                 d = inputs_for(op, n)
                 for t, label, make in candidates(op):
-                    if t <= args.tiers and label.startswith("tilelang") and re.search(args.only, label):
+                    if t > args.tiers or not re.search(args.only, label):
+                        continue
+                    if label.startswith("triton"):
+                        triton_tasks.append((op, label, n, args.dtype))
+                    elif label.startswith("tilelang"):
                         try:
                             spec = spec_of(op, d.x, "cuda", *affine_of(label, d))
                             k = make()
@@ -346,55 +383,65 @@ def main(argv=None) -> int:
                                 plans.add(k.compile_key(spec))
                         except Exception:  # noqa: BLE001 (reported when the candidate runs)
                             pass
-        prewarm(sorted(plans, key=repr), args.jobs)
+        prewarm(sorted(plans, key=repr), args.jobs, triton_tasks)
 
-    for tier in range(1, args.tiers + 1):
-        for op in ops:
-            for n in ns:
-                d = inputs_for(op, n)
-                x, eps = d.x, d.eps
-                m = x.shape[0]
-                for t, label, make in candidates(op):
-                    if t != tier or not re.search(args.only, label):
-                        continue
-                    r = {"op": op, "n": n, "m": m, "kernel": label}
-                    if time.perf_counter() - t0 > args.budget:
-                        r["skipped"] = "budget"
-                    else:
-                        try:
-                            kernel = make()
-                            w, b = affine_of(label, d)
-                            spec = spec_of(op, x, "cuda", w, b)
-                            why = kernel.unsupported(spec)
-                            if why:
-                                raise UnsupportedCase(why)
-                            c0 = time.perf_counter()
-                            kernel.prepare(spec)
-                            o = kernel(x, w, b, eps)
-                            torch.cuda.synchronize()
-                            r["compile_s"] = round(time.perf_counter() - c0, 1)
-                            ms = timing.gpu_time_ms(kernel.bench_callable(x, w, b, eps, o), tools)
-                            nbytes = timing.bytes_moved(m, n, dtype, w is not None, b is not None,
-                                                        len({"mean", "rstd"} & set(kernel.outputs)))
-                            r.update(ms=ms, gbps=nbytes / ms / 1e6, pct_of_copy=100 * nbytes / ms / 1e6 / ceiling)
-                            r.update(check(op, kernel, x, w, b, eps, o))
-                        except UnsupportedCase as exc:
-                            r["skipped"] = str(exc)
-                        except Exception as exc:  # noqa: BLE001 (one candidate's failure is a result)
-                            r["error"] = f"{type(exc).__name__}: {exc}"[:800]
-                            r["traceback"] = traceback.format_exc()[-3000:]
-                            torch.cuda.synchronize()
-                    rows.append(r)
-                    if "pct_of_copy" in r:
-                        line = (f"{op:10s} {m}x{n:<7d} {label:42s} {r['pct_of_copy']:6.1f}%  {r['ms']:.3f} ms  "
-                                f"err {r['y_max_abs_err']:.2e} ok={r['ok']} repeat={r['repeat_bitwise']} "
-                                f"alone={r['alone_bitwise']}  compile {r['compile_s']}s"
-                                + ("" if r["ok"] else f"  bad rows {r['bad_rows']}"))
-                    else:
-                        line = f"{op:10s} {m}x{n:<7d} {label:42s} " + (r.get("skipped") or r.get("error", ""))[:300]
-                    print(line, flush=True)
-                    lines.append(line)
-                    save()
+    # Each N's candidates of a tier run one after another (compared under the same clocks). The
+    # budget left after the prewarm is shared out over these groups by their number of runs
+    # (cumulative: what one group leaves, the next may use), so where it runs short each group
+    # loses its last candidates, not the last groups (the longest rows) all of theirs.
+    groups = [(tier, op, n, [c for c in candidates(op) if c[0] == tier and re.search(args.only, c[1])])
+              for tier in range(1, args.tiers + 1) for op in ops for n in ns]
+    total = sum(len(g[3]) for g in groups) or 1
+    t_timing = time.perf_counter()
+    left = max(args.budget - (t_timing - t0), 0.0)
+    runs_before = 0
+    for tier, op, n, chosen in groups:
+        runs_before += len(chosen)
+        deadline = left * runs_before / total
+        if not chosen:
+            continue
+        d = inputs_for(op, n)
+        x, eps = d.x, d.eps
+        m = x.shape[0]
+        for _, label, make in chosen:
+            r = {"op": op, "n": n, "m": m, "kernel": label}
+            if time.perf_counter() - t_timing > deadline:
+                r["skipped"] = "budget"
+            else:
+                try:
+                    kernel = make()
+                    w, b = affine_of(label, d)
+                    spec = spec_of(op, x, "cuda", w, b)
+                    why = kernel.unsupported(spec)
+                    if why:
+                        raise UnsupportedCase(why)
+                    c0 = time.perf_counter()
+                    kernel.prepare(spec)
+                    o = kernel(x, w, b, eps)
+                    torch.cuda.synchronize()
+                    r["compile_s"] = round(time.perf_counter() - c0, 1)
+                    ms = timing.gpu_time_ms(kernel.bench_callable(x, w, b, eps, o), tools)
+                    nbytes = timing.bytes_moved(m, n, dtype, w is not None, b is not None,
+                                                len({"mean", "rstd"} & set(kernel.outputs)))
+                    r.update(ms=ms, gbps=nbytes / ms / 1e6, pct_of_copy=100 * nbytes / ms / 1e6 / ceiling)
+                    r.update(check(op, kernel, x, w, b, eps, o))
+                except UnsupportedCase as exc:
+                    r["skipped"] = str(exc)
+                except Exception as exc:  # noqa: BLE001 (one candidate's failure is a result)
+                    r["error"] = f"{type(exc).__name__}: {exc}"[:800]
+                    r["traceback"] = traceback.format_exc()[-3000:]
+                    torch.cuda.synchronize()
+            rows.append(r)
+            if "pct_of_copy" in r:
+                line = (f"{op:10s} {m}x{n:<7d} {label:42s} {r['pct_of_copy']:6.1f}%  {r['ms']:.3f} ms  "
+                        f"err {r['y_max_abs_err']:.2e} ok={r['ok']} repeat={r['repeat_bitwise']} "
+                        f"alone={r['alone_bitwise']}  compile {r['compile_s']}s"
+                        + ("" if r["ok"] else f"  bad rows {r['bad_rows']}"))
+            else:
+                line = f"{op:10s} {m}x{n:<7d} {label:42s} " + (r.get("skipped") or r.get("error", ""))[:300]
+            print(line, flush=True)
+            lines.append(line)
+            save()
     lines.append(f"total {time.perf_counter() - t0:.0f} s")
     save()
     print(lines[-1])
