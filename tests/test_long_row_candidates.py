@@ -342,3 +342,21 @@ for name, fn in (("rms", k.rms_norm_split_lag), ("ln", k.layer_norm_split_lag), 
                     assert body.index("normdiff_prefetch_l2(X") < first_load.start(), plan.describe()
                 reports.append(r.registers)
             assert reports[1] <= reports[0] + 2, (op, dtype, reports)
+
+
+def test_gpu_run_longprobe_selects_the_open_candidates():
+    """tools/gpu_run.sh longprobe's default selections (PROBE_LN, PROBE_RMS) name labels the probe
+    has: the registered kernels of both backends and every L2-prefetch candidate of the op, so a
+    renamed label cannot silently drop out of the next GPU session's probe."""
+    import re
+    from pathlib import Path
+
+    from tools import long_row_probe as probe
+
+    src = (Path(__file__).resolve().parents[1] / "tools" / "gpu_run.sh").read_text()
+    for op, var, own in (("layer_norm", "PROBE_LN", "tilelang.layer_norm_cluster"), ("rms_norm", "PROBE_RMS", "tilelang.cluster")):
+        only = re.search(rf"\${{{var}-'(.*?)'}}", src).group(1)
+        labels = [label for _, label, _ in probe.candidates(op)]
+        chosen = {label for label in labels if re.search(only, label)}
+        assert {own, "triton.split"} <= chosen, (op, sorted(chosen))
+        assert {label for label in labels if "L2 " in label and not label.endswith("4")} <= chosen, (op, sorted(chosen))

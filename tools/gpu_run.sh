@@ -16,7 +16,7 @@
 #                                 call): LayerNorm's candidates matching PROBE_LN, then RMSNorm's
 #                                 matching PROBE_RMS (regular expressions, "" for none; defaults: the
 #                                 registered kernels and the candidates not measured yet), each probe
-#                                 under PROBE_BUDGET seconds (default 100); one output folder each
+#                                 under PROBE_BUDGET seconds (default 150); one output folder each
 # The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
 # TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
 # wherever APEX_LIB points. The checks are one pytest run whose xdist workers share the GPU and
@@ -69,14 +69,14 @@ sweep)
   tail -n 80 "$out/triton-sweep.log"
   ;;
 longprobe)
-  ln=${PROBE_LN-'^(tilelang\.layer_norm_cluster( wb ahead 2| 3 blocks an SM| AllReduce sums| L2 ahead [12])?|triton\.split( L2 ahead [12]| L2 only| L2 only ahead 2)?)$'}
+  ln=${PROBE_LN-'^(tilelang\.layer_norm_cluster( wb ahead 2| 3 blocks an SM| AllReduce sums| L2 ahead [12]| cluster<=16( 2 rows)?)?|triton\.split( L2 ahead [12]| L2 only( ahead 2| [0-9]+x[0-9]+w)?)?)$'}
   rms=${PROBE_RMS-'^(tilelang\.cluster( 1 row| L2 ahead [12])?|triton\.split( L2 ahead [12])?)$'}
-  budget=${PROBE_BUDGET:-100}
+  budget=${PROBE_BUDGET:-150}
   for dt in ${PROBE_DTYPES:-bfloat16}; do
     for op in layer_norm rms_norm; do
       only=$ln; [[ $op == rms_norm ]] && only=$rms  # PROBE_LN= / PROBE_RMS= (empty): that op not probed
       [[ -z $only ]] && continue
-      timeout $((budget + 40)) python -m tools.long_row_probe --tiers 2 --jobs "$jobs" --ops $op --dtype "$dt" \
+      timeout $((budget + 40)) python -m tools.long_row_probe --tiers 3 --jobs "$jobs" --ops $op --dtype "$dt" \
         --only "$only" --budget "$budget" --out "$out/probe-$op-$dt" > "$out/probe-$op-$dt.log" 2>&1
       echo "$op $dt: exit $?"; tail -n 1 "$out/probe-$op-$dt.log"
     done

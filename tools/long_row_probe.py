@@ -211,6 +211,11 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
               (1, f"{name} wb ahead 4", lambda: _tilelang_cluster(op, wb_ahead=4)),
               (1, f"{name} 3 blocks an SM", lambda: _tilelang_cluster(op, min_blocks=3)),
               (1, f"{name} 3 blocks an SM wb ahead 4", lambda: _tilelang_cluster(op, min_blocks=3, wb_ahead=4))]
+        # Two rows a block (one weight and bias load for both) at 16-bit 262144 and float32 131072
+        # in clusters of 16 (256 threads, two 32 KB segments, two blocks an SM), where the plan
+        # has 8 blocks of 512 threads and one row; elsewhere the same as '2 rows'. Built after
+        # 29bbf56 (sm_90: 128 registers, no spills), not measured yet
+        c += [(1, f"{name} cluster<=16 2 rows", lambda: _tilelang_cluster(op, max_cluster=16, rows=2))]
         # With the weight only: what the bias's reads cost
         c += [(2, name + NO_BIAS, lambda: _tilelang_cluster(op)),
               (2, "triton.split" + NO_BIAS, lambda: _triton_split(op))]
