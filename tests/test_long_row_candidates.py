@@ -360,3 +360,36 @@ def test_gpu_run_longprobe_selects_the_open_candidates():
         chosen = {label for label in labels if re.search(only, label)}
         assert {own, "triton.split"} <= chosen, (op, sorted(chosen))
         assert {label for label in labels if "L2 " in label and not label.endswith("4")} <= chosen, (op, sorted(chosen))
+        assert {label for label in labels if "rows in turn" in label} <= chosen, (op, sorted(chosen))
+
+
+def test_layer_norm_rows_in_turn_compile_for_sm90():
+    """Plan.seq_rows (the probe's 'rows in turn' candidates): sm_90 builds without spills in every
+    dtype and at a padded N; the weight and bias are read from global memory only before the row
+    loop (the rows read them from shared memory), the loop alternates two mbarriers with the
+    parity of its row pairs, and every row starts with a barrier (its load overwrites the segment
+    the last row's y pass read). They run on a GPU only (the probe)."""
+    import re
+
+    import torch
+
+    from impls.tilelang import compiler
+    from impls.tilelang._long_plan import cluster_plan
+
+    tl, why = compiler.tilelang_module()
+    if tl is None:
+        pytest.skip(why)
+    if compiler.nvcc_path() is None:
+        pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
+    for dtype, n, vec in ((torch.bfloat16, 131072, 8), (torch.float16, 100000, 8), (torch.float32, 65536, 4)):
+        plan = cluster_plan("layer_norm_cluster", dtype, n, True, True, vec, None, 16384, 16, None, 8)
+        assert plan.seq_rows == 8 and plan.min_blocks, plan
+        compiled = compiler.compile_plan(plan, compiler.SM90)
+        src, r = compiled.source(), compiler.ptxas_report(compiled)
+        assert r.sass_arch == "sm_90" and r.spill_stores == 0 and r.spill_loads == 0, (plan.describe(), r)
+        body = src[src.index("__global__"):]
+        loop = body.index("for (int k = 0; k < 8; ++k) {")
+        assert re.search(r"\(W \+ ", body[:loop]) and re.search(r"\(B \+ ", body[:loop]), plan.describe()
+        assert not re.search(r"[(\[]W \+ |[(\[]B \+ |W\[|B\[", body[loop:]), plan.describe()
+        assert "bar[(k & 1)].wait(((k & 3) >> 1))" in body[loop:], plan.describe()
+        assert body[loop:].split("\n", 2)[1].strip() == "__syncthreads();", plan.describe()

@@ -69,7 +69,7 @@ sweep)
   tail -n 80 "$out/triton-sweep.log"
   ;;
 longprobe)
-  ln=${PROBE_LN-'^(tilelang\.layer_norm_cluster( wb ahead 2| 3 blocks an SM| AllReduce sums| L2 ahead [12]| cluster<=16( 2 rows)?)?|triton\.split( L2 ahead [12]| L2 only( ahead 2| [0-9]+x[0-9]+w)?)?)$'}
+  ln=${PROBE_LN-'^(tilelang\.layer_norm_cluster( wb ahead 2| 3 blocks an SM| AllReduce sums| L2 ahead [12]| cluster<=16( 2 rows)?| [0-9]+ rows in turn.*)?|triton\.split( L2 ahead [12]| L2 only( ahead 2| [0-9]+x[0-9]+w)?)?)$'}
   rms=${PROBE_RMS-'^(tilelang\.cluster( 1 row| L2 ahead [12])?|triton\.split( L2 ahead [12])?)$'}
   budget=${PROBE_BUDGET:-150}
   for dt in ${PROBE_DTYPES:-bfloat16}; do

@@ -83,7 +83,7 @@ def _triton_l2_only(block_n=None, warps=None, ahead=1):
     return k
 
 
-def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=None, min_blocks=None,
+def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=None, min_blocks=None, seq_rows=0,
                       **exchange):
     """tilelang.cluster or tilelang.layer_norm_cluster with another plan: threads, segment size,
     cluster limit, rows a block carries (None: the plan's rule), launch bound (blocks an SM), and
@@ -95,9 +95,9 @@ def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     k.__dict__.pop("_plans", None)
-    if threads or segment_bytes or max_cluster != 8 or rows is not None or min_blocks or exchange:
+    if threads or segment_bytes or max_cluster != 8 or rows is not None or min_blocks or seq_rows or exchange:
         def plan_for(dtype, n, hw, hb, vec, m=None):
-            plan = cluster_plan(variant, dtype, n, hw, hb, vec, threads, segment_bytes, max_cluster, rows)
+            plan = cluster_plan(variant, dtype, n, hw, hb, vec, threads, segment_bytes, max_cluster, rows, seq_rows)
             return dataclasses.replace(plan, min_blocks=min_blocks or plan.min_blocks, **exchange)
         k.plan_for = plan_for
     return k
@@ -216,6 +216,15 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         # has 8 blocks of 512 threads and one row; elsewhere the same as '2 rows'. Built after
         # 29bbf56 (sm_90: 128 registers, no spills), not measured yet
         c += [(1, f"{name} cluster<=16 2 rows", lambda: _tilelang_cluster(op, max_cluster=16, rows=2))]
+        # A cluster normalising rows one after another with its weight and bias segments kept in
+        # shared memory (Plan.seq_rows; _long_programs.layer_norm_cluster_rows): no weight or bias
+        # read from L2 after a cluster's first row. Clusters of up to 16 with 16 KB segments (four
+        # blocks an SM in 16-bit), or 32 KB; with the next row brought into L2 as a row starts.
+        # Built after 29bbf56 (sm_90, every dtype: no spills), not measured yet
+        c += [(1, f"{name} {q} rows in turn{seg}{l2}",
+               lambda q=q, b=b, a=a: _tilelang_cluster(op, segment_bytes=b, max_cluster=16, seq_rows=q, l2_ahead=a))
+              for q, seg, b, l2, a in ((8, "", 16384, "", 0), (8, "", 16384, " L2 ahead", 1), (32, "", 16384, "", 0),
+                                       (8, " 32KB segments", 32768, "", 0))]
         # With the weight only: what the bias's reads cost
         c += [(2, name + NO_BIAS, lambda: _tilelang_cluster(op)),
               (2, "triton.split" + NO_BIAS, lambda: _triton_split(op))]

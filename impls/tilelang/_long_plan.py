@@ -68,13 +68,14 @@ def cluster_size(plan: Plan) -> int:
 
 def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
                  threads: int | None = None, segment_bytes: int | None = None,
-                 max_cluster: int = MAX_CLUSTER, rows: int | None = None) -> Plan:
+                 max_cluster: int = MAX_CLUSTER, rows: int | None = None, seq_rows: int = 0) -> Plan:
     """The fewest blocks per row (a power of two, at most ``max_cluster``) whose segments hold at
     most ``segment_bytes`` (default SEGMENT_BYTES) of x, each segment a multiple of threads x 16
     bytes of columns; the overrides are for tools/long_row_probe. ``rows``: rows a block carries
     (its threads work on each; a segment of each in shared memory; default RMS_ROWS for RMSNorm
     from ROWS_MIN_N at THREADS threads, else one). The launch bound is as many blocks as shared
-    memory holds, while that leaves ptxas MIN_REGISTERS per thread and row: unbounded,
+    memory holds (with ``seq_rows``, Plan.seq_rows, the weight and bias segments there too), while
+    that leaves ptxas MIN_REGISTERS per thread and row: unbounded,
     ptxas keeps every vector of the segment's load in flight in registers (87 at bf16 262144,
     256 threads: two blocks an SM where three fit)."""
     dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
@@ -90,7 +91,8 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
         rows = RMS_ROWS if variant == "cluster" and n >= ROWS_MIN_N and tpr == THREADS else 1
     unit = tpr * max_vec(getattr(torch, dt))
     seg = -(-(-(-n // c)) // unit) * unit
-    fit = min(SM_SHARED // (rows * seg * size + 1024), SM_THREADS // tpr,
+    held = 2 * seg * size if seq_rows else 0  # the weight and bias segments a block keeps
+    fit = min(SM_SHARED // (rows * seg * size + held + 1024), SM_THREADS // tpr,
               SM_REGISTERS // (tpr * MIN_REGISTERS * rows))
     # A row of one block (no cluster) takes no bound: at 64 registers its LayerNorm spills (bf16
     # 16384 with bias: 4 bytes), and such rows are the row-per-block kernels' anyway.
@@ -98,4 +100,4 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, seg, bound, rows_share_threads=True,
                 mbar_exchange=MBAR_EXCHANGE and c > 1, relaxed_arrive=RELAXED_ARRIVE and c > 1,
                 stats_in_load=LN_STATS_IN_LOAD and c > 1 and variant == "layer_norm_cluster",
-                one_barrier_sum=ONE_BARRIER_SUM and c > 1)
+                one_barrier_sum=ONE_BARRIER_SUM and c > 1, seq_rows=seq_rows)

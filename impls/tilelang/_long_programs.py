@@ -372,6 +372,8 @@ def layer_norm_cluster(plan: Plan):
     about its own mean m_b (two passes over shared memory). After the exchange, mean = sum / N
     and the row's M2 = sum over blocks of M2_b + n_b (m_b - mean)^2, in rank order: no
     E[x^2] - E[x]^2 cancellation, one exchange."""
+    if plan.seq_rows:
+        return layer_norm_cluster_rows(plan)
     N, S, vec, dt, R = plan.n, plan.padded, plan.vec, plan.dtype, plan.rows_per_block
     C = cluster_size(plan)
     K, chunks = _smem_chunks(plan)
@@ -494,6 +496,126 @@ def layer_norm_cluster(plan: Plan):
                 for r in T.unroll(R):
                     MEAN[_row_of(row, r, M, R)] = s1[r]
                     RSTD[_row_of(row, r, M, R)] = s2[r]
+
+    return main
+
+
+def layer_norm_cluster_rows(plan: Plan):
+    """LayerNorm, a cluster normalising Q = plan.seq_rows consecutive rows one after another (the
+    plan's forms: statistics summed in the load, one-barrier block sums, the mbarrier exchange).
+    Each block loads its weight and bias segments into shared memory once, so the rows after the
+    first read them from there, not again from L2 (layer_norm_cluster reads 2 x N of them from L2
+    for every row, twice the bytes of x in 16-bit). Row k's partials travel in slot set k % 2 and
+    complete on mbarrier k % 2 (parity (k // 2) % 2): a peer sends row k + 2's partials only after
+    it has this block's row k + 1, which this block sends after every thread read row k's slots
+    (the block sums' barrier lies between), so no slot or phase is overwritten while in use. A
+    cluster past row M - 1 normalises row M - 1 again (the same values to the same places). With
+    Plan.l2_ahead, each block brings its segment of the next row into L2 as a row starts."""
+    N, S, vec, dt, Q = plan.n, plan.padded, plan.vec, plan.dtype, plan.seq_rows
+    assert plan.rows_per_block == 1 and plan.stats_in_load and plan.one_barrier_sum and plan.mbar_exchange, \
+        "layer_norm_cluster_rows builds the plans' forms only"
+    C = cluster_size(plan)
+    K, chunks = _smem_chunks(plan)
+    NW, NB = _signature_sizes(plan)
+    M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
+    has_w, has_b = plan.has_weight, plan.has_bias
+    last = N - (C - 1) * S  # columns of the last block; every other block has S
+    warps = plan.threads // 32
+    size = {"float32": 4, "float16": 2, "bfloat16": 2}[dt]
+    load_chunk = _chunk_loader(plan)
+    sources = _PUT_SOURCE + _BLOCK_SUM_SOURCE + (_PREFETCH_SOURCE if plan.l2_ahead else "")
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((LX,), dt), W: T.Tensor((NW,), dt), B: T.Tensor((NB,), dt), Y: T.Tensor((LY,), dt),
+        MEAN: T.Tensor((M,), F32), RSTD: T.Tensor((M,), F32), sxv: T.int64, syv: T.int64, eps: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(M, Q) * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
+            if plan.min_blocks:
+                T.annotate_min_blocks_per_sm(plan.min_blocks)
+            T.import_source(sources)
+            xs = T.alloc_shared((1, S), dt)
+            wsm = T.alloc_shared((1, S), dt)
+            bsm = T.alloc_shared((1, S), dt)
+            xf = T.alloc_fragment((1, K), dt)
+            sh = T.alloc_fragment((1, K), F32)
+            acc = T.alloc_fragment((1, K), F32)
+            acc2 = T.alloc_fragment((1, K), F32)
+            s1 = T.alloc_fragment((1,), F32)
+            s2 = T.alloc_fragment((1,), F32)
+            vals = T.alloc_local((2,), F32)
+            slots = T.alloc_shared((2, C, 2), F32)
+            bar = T.alloc_barrier([1, 1])
+            ws = T.alloc_shared((2, warps), F32)
+            T.annotate_layout({xf: _rows_layout(plan, 1, K), sh: _rows_layout(plan, 1, K),
+                               acc: _rows_layout(plan, 1, K), acc2: _rows_layout(plan, 1, K)})
+            rank = bx % C
+            first = bx // C * Q
+            base = rank * S
+            nb = T.if_then_else(rank == C - 1, last, S)
+            for r, j in T.Parallel(1, S):  # the block's weight and bias, once for its Q rows
+                wsm[r, j] = T.if_then_else(has_w and base + j < N, W[T.min(base + j, NW - 1)], T.cast(0, dt))
+                bsm[r, j] = T.if_then_else(has_b and base + j < N, B[T.min(base + j, NB - 1)], T.cast(0, dt))
+            # Every peer's mbarriers are initialised (and fenced) before anyone completes on them.
+            T.cluster_arrive_relaxed()
+            T.cluster_wait()
+            for k in T.serial(Q):
+                row = T.min(first + k, M - 1)
+                T.sync_threads()  # the last row's y pass read xs: every thread is past it
+                if plan.l2_ahead:
+                    T.call_extern("handle", "normdiff_prefetch_l2", X.data, T.cast(T.min(first + k + 1, M - 1), "int64"),
+                                  T.cast(M, "int64"), sxv * (vec * size), T.cast(base, "int64") * size,
+                                  T.cast(T.max(T.min(S, N - base), 0) * size, "uint32"), 0, 1)
+                if T.get_thread_binding() == 0:
+                    T.mbarrier_arrive_expect_tx(bar[k % 2], C * 2 * 4)
+                # The statistics as layer_norm_cluster's (Welford's update per lane, then Chan).
+                load_chunk(X, xf, row, base, sxv, M)
+                for r, j in T.Parallel(1, K):
+                    xs[r, j] = xf[r, j]
+                for r, j in T.Parallel(1, K):
+                    sh[r, j] = T.cast(xf[r, j], F32)
+                    acc2[r, j] = 0.0
+                for c in _chunk_loop(chunks - 1):
+                    load_chunk(X, xf, row, base + (c + 1) * K, sxv, M)
+                    for r, j in T.Parallel(1, K):
+                        xs[r, (c + 1) * K + j] = xf[r, j]
+                    for r, j in T.Parallel(1, K):
+                        acc[r, j] = T.if_then_else(base + (c + 1) * K + j < N, T.cast(xf[r, j], F32) - sh[r, j], 0.0)
+                        sh[r, j] = sh[r, j] + acc[r, j] * (1.0 / T.cast(c + 2, F32))
+                        acc2[r, j] = acc2[r, j] + acc[r, j] * (T.cast(xf[r, j], F32) - sh[r, j])
+                for r, j in T.Parallel(1, K):
+                    acc[r, j] = _lane_count(plan, base, j) * sh[r, j]
+                s1[0] = T.call_extern(F32, "normdiff_block_sum", acc.data, 0, vec, T.address_of(ws[0, 0]), warps)
+                for r, j in T.Parallel(1, K):
+                    acc[r, j] = acc2[r, j] + _lane_count(plan, base, j) * (sh[r, j] - s1[0] / nb) * (sh[r, j] - s1[0] / nb)
+                s2[0] = T.call_extern(F32, "normdiff_block_sum", acc.data, 0, vec, T.address_of(ws[1, 0]), warps)
+                vals[0] = s1[0]
+                vals[1] = s2[0]
+                tx = T.get_thread_binding()
+                if tx < C:
+                    for q in T.unroll(2):
+                        T.call_extern("handle", "normdiff_put_f32", T.address_of(slots[k % 2, rank, q]), vals[q],
+                                      T.address_of(bar[k % 2]), tx)
+                T.mbarrier_wait_parity(bar[k % 2], (k // 2) % 2)
+                s1[0] = 0.0
+                for p in T.serial(C):
+                    s1[0] += slots[k % 2, p, 0]
+                s1[0] = s1[0] / N  # the row's mean
+                s2[0] = 0.0
+                for p in T.serial(C):
+                    s2[0] += slots[k % 2, p, 1] + T.if_then_else(p == C - 1, last, S) * (
+                        slots[k % 2, p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0]) * (
+                        slots[k % 2, p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0])
+                s2[0] = T.rsqrt(s2[0] / N + eps)  # s2 now holds rstd
+                for c in _chunk_loop(chunks):
+                    for r, j in T.Parallel(1, K):
+                        if base + c * K + j < N:
+                            Y[T.cast(row, "int64") * syv * vec + base + c * K + j] = T.cast(_affine(
+                                (T.cast(xs[r, c * K + j], F32) - s1[0]) * s2[0], wsm, bsm, (r, c * K + j),
+                                has_w, has_b), dt)
+                if rank == 0:
+                    MEAN[row] = s1[0]
+                    RSTD[row] = s2[0]
 
     return main
 

@@ -93,6 +93,10 @@ class Plan:
     # (one bulk prefetch by thread 0; a wave: the rows the GPU holds at once at min_blocks blocks an
     # SM), so the block that will load it finds it there (a probe candidate; 0: none).
     l2_ahead: int = 0
+    # LayerNorm cluster kernel: each cluster normalises seq_rows consecutive rows one after another,
+    # its blocks holding their weight and bias segments in shared memory, loaded once for all of
+    # them (_long_programs.layer_norm_cluster_rows; a probe candidate; 0: one row a cluster).
+    seq_rows: int = 0
 
     @property
     def threads(self) -> int:
