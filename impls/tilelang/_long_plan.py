@@ -58,6 +58,10 @@ LN_STATS_IN_LOAD = True
 # 131072 / 262144: RMSNorm +1.0 to +2.5 (16-bit) and +1.0 to +5.1 (float32) but at fp16 262144
 # (level); LayerNorm fp16 +2.8 / +2.6 / +1.1, float32 +1.8 / +2.0 / +3.0, bf16 -0.5 / -0.9 / +1.8.
 ONE_BARRIER_SUM = True
+# Waves ahead whose segment each block brings into L2 before its loads (Plan.l2_ahead), where a row
+# spans blocks. Built after 29bbf56 and not measured yet (tools/long_row_probe.py's 'L2 ahead'
+# labels): 0 (none) until a probe says otherwise.
+L2_AHEAD = 0
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
 
@@ -100,4 +104,4 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
     return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, seg, bound, rows_share_threads=True,
                 mbar_exchange=MBAR_EXCHANGE and c > 1, relaxed_arrive=RELAXED_ARRIVE and c > 1,
                 stats_in_load=LN_STATS_IN_LOAD and c > 1 and variant == "layer_norm_cluster",
-                one_barrier_sum=ONE_BARRIER_SUM and c > 1, seq_rows=seq_rows)
+                one_barrier_sum=ONE_BARRIER_SUM and c > 1, l2_ahead=L2_AHEAD if c > 1 else 0, seq_rows=seq_rows)

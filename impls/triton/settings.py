@@ -71,6 +71,11 @@ SPLIT_X_CACHE, SPLIT_W_EVICT = ".cg", "evict_last"
 # 0.4-13 points in three probes; behind RMSNorm's one, at the same registers, it moved within the
 # probes' noise).
 SPLIT_NEXT_FIRST = {"rms_norm": False, "layer_norm": True}
+# By op: rows past the next one that the lagged kernels bring into L2 by a bulk prefetch
+# (LaunchConfig.l2_ahead; _kernels._prefetch_row_l2): HBM reads in flight that hold no
+# registers. Built after 29bbf56 and not measured yet (tools/long_row_probe.py's 'L2 ahead'
+# labels), so 0 (none) until a probe says otherwise; the split table may set it by row.
+SPLIT_L2_AHEAD = {"rms_norm": 0, "layer_norm": 0}
 # split: by N -> the launch setting: columns per program, warps, and the lagged kernels' load
 # choices (the weight held in registers, x's cache modifier, the weight's L1 eviction hint; the
 # defaults above where a row leaves them out). Built below LaunchConfig.
@@ -110,11 +115,12 @@ class LaunchConfig:
 
 SPLIT_TUNED = {key: LaunchConfig(block_n=block_n, rows=1, num_warps=warps, hold_w=hold_w, x_cache=x_cache,
                                  w_evict=w_evict,
-                                 next_first=SPLIT_NEXT_FIRST[key[0]] if next_first is None else next_first)
-               for key, (block_n, warps, hold_w, x_cache, w_evict, next_first) in tuned.table(
+                                 next_first=SPLIT_NEXT_FIRST[key[0]] if next_first is None else next_first,
+                                 l2_ahead=SPLIT_L2_AHEAD[key[0]] if l2_ahead is None else l2_ahead)
+               for key, (block_n, warps, hold_w, x_cache, w_evict, next_first, l2_ahead) in tuned.table(
                    TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"),
                    optional={"hold_w": False, "x_cache": SPLIT_X_CACHE, "w_evict": SPLIT_W_EVICT,
-                             "next_first": None}).items()}
+                             "next_first": None, "l2_ahead": None}).items()}
 
 
 def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm", m: int | None = None) -> LaunchConfig:
@@ -172,7 +178,8 @@ def split_config(n: int, dtype: torch.dtype, op: str) -> LaunchConfig:
     # At least 2 warps: Triton 3.6 failed to compile 1-2 warps at 32-64 programs a row, and 1
     # warp never measured fastest.
     return LaunchConfig(block_n=block_n, rows=1, num_warps=max(2, _warps(block_n // (32 * SPLIT_PER_THREAD))),
-                        x_cache=SPLIT_X_CACHE, w_evict=SPLIT_W_EVICT, next_first=SPLIT_NEXT_FIRST[op])
+                        x_cache=SPLIT_X_CACHE, w_evict=SPLIT_W_EVICT, next_first=SPLIT_NEXT_FIRST[op],
+                        l2_ahead=SPLIT_L2_AHEAD[op])
 
 
 def _warps(w: int) -> int:
