@@ -76,7 +76,7 @@ longprobe)
     for op in layer_norm rms_norm; do
       only=$ln; [[ $op == rms_norm ]] && only=$rms  # PROBE_LN= / PROBE_RMS= (empty): that op not probed
       [[ -z $only ]] && continue
-      timeout $((budget + 40)) python -m tools.long_row_probe --tiers 3 --jobs "$jobs" --ops $op --dtype "$dt" \
+      timeout -k 10 $((budget + 40)) python -m tools.long_row_probe --tiers 3 --jobs "$jobs" --ops $op --dtype "$dt" \
         --only "$only" --budget "$budget" --out "$out/probe-$op-$dt" > "$out/probe-$op-$dt.log" 2>&1
       echo "$op $dt: exit $?"; tail -n 1 "$out/probe-$op-$dt.log"
     done

@@ -216,15 +216,6 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         # has 8 blocks of 512 threads and one row; elsewhere the same as '2 rows'. Built after
         # 29bbf56 (sm_90: 128 registers, no spills), not measured yet
         c += [(1, f"{name} cluster<=16 2 rows", lambda: _tilelang_cluster(op, max_cluster=16, rows=2))]
-        # A cluster normalising rows one after another with its weight and bias segments kept in
-        # shared memory (Plan.seq_rows; _long_programs.layer_norm_cluster_rows): no weight or bias
-        # read from L2 after a cluster's first row. Clusters of up to 16 with 16 KB segments (four
-        # blocks an SM in 16-bit), or 32 KB; with the next row brought into L2 as a row starts.
-        # Built after 29bbf56 (sm_90, every dtype: no spills), not measured yet
-        c += [(1, f"{name} {q} rows in turn{seg}{l2}",
-               lambda q=q, b=b, a=a: _tilelang_cluster(op, segment_bytes=b, max_cluster=16, seq_rows=q, l2_ahead=a))
-              for q, seg, b, l2, a in ((8, "", 16384, "", 0), (8, "", 16384, " L2 ahead", 1), (32, "", 16384, "", 0),
-                                       (8, " 32KB segments", 32768, "", 0))]
         # With the weight only: what the bias's reads cost
         c += [(2, name + NO_BIAS, lambda: _tilelang_cluster(op)),
               (2, "triton.split" + NO_BIAS, lambda: _triton_split(op))]
@@ -243,6 +234,16 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         c += [(2, "triton.split store halves", lambda: _triton_halves())]
         c += [(2, f"triton.split store halves {bn}x{w}w", lambda bn=bn, w=w: _triton_halves(bn, w))
               for bn, w in ((2048, 2), (2048, 4), (4096, 4), (8192, 8))]
+        # Last (a new exchange loop: if it hung, the candidates before it are in the files):
+        # a cluster normalising rows one after another with its weight and bias segments kept in
+        # shared memory (Plan.seq_rows; _long_programs.layer_norm_cluster_rows): no weight or bias
+        # read from L2 after a cluster's first row. Clusters of up to 16 with 16 KB segments (four
+        # blocks an SM in 16-bit), or 32 KB; with the next row brought into L2 as a row starts.
+        # Built after 29bbf56 (sm_90, every dtype: no spills), not measured yet
+        c += [(1, f"{name} {q} rows in turn{seg}{l2}",
+               lambda q=q, b=b, a=a: _tilelang_cluster(op, segment_bytes=b, max_cluster=16, seq_rows=q, l2_ahead=a))
+              for q, seg, b, l2, a in ((8, "", 16384, "", 0), (8, "", 16384, " L2 ahead", 1), (32, "", 16384, "", 0),
+                                       (8, " 32KB segments", 32768, "", 0))]
     if op == "rms_norm":  # the weight held in registers (LayerNorm's weight and bias held: slower, item 52)
         c[2:2] = [(1, "triton.split weight held", lambda: _triton_split(op, hold_w=True)),
                   (1, "triton.split weight loaded", lambda: _triton_split(op, hold_w=False))]
