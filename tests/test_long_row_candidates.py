@@ -393,3 +393,39 @@ def test_layer_norm_rows_in_turn_compile_for_sm90():
         assert not re.search(r"[(\[]W \+ |[(\[]B \+ |W\[|B\[", body[loop:]), plan.describe()
         assert "bar[(k & 1)].wait(((k & 3) >> 1))" in body[loop:], plan.describe()
         assert body[loop:].split("\n", 2)[1].strip() == "__syncthreads();", plan.describe()
+
+
+def test_candidate_backend_registers_the_probe_candidates_as_backends():
+    """tools/candidate_backend.py (the probe's candidates through the harness's catalogue): each
+    open candidate becomes a backend of its own, with the variant it varies and the probe's plan
+    or launch setting (not the registered kernel's), and the registered kernels stay as they are."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = r'''
+import torch
+from impls import registry
+registry.load_all(["tools/candidate_backend.py"])
+for k in registry.kernels():
+    if not k.backend.startswith("candidate_"):
+        continue
+    if k.backend.startswith("candidate_tilelang"):
+        p = k.plan_for(torch.bfloat16, 131072, True, k.op == "layer_norm", 8)
+        print(k.op, k.name, "plan", p.seq_rows, p.l2_ahead, p.rows_per_block)
+    else:
+        c = k.config(131072, torch.bfloat16)
+        print(k.op, k.name, "config", c.l2_ahead, k.kernel_name(131072))
+own = registry.get("layer_norm", "tilelang", "layer_norm_cluster").plan_for(torch.bfloat16, 131072, True, True, 8)
+print("own", own.seq_rows, own.l2_ahead, registry.get("layer_norm", "triton", "split").config(131072, torch.bfloat16).l2_ahead)
+'''
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split()[1]: line.split() for line in proc.stdout.splitlines() if not line.startswith("own")}
+    assert rows["candidate_tilelang_layer_norm_cluster_8_rows_in_turn.layer_norm_cluster"][3:] == ["8", "0", "1"]
+    assert rows["candidate_tilelang_layer_norm_cluster_8_rows_in_turn_l2_ahead.layer_norm_cluster"][3:] == ["8", "1", "1"]
+    assert rows["candidate_tilelang_cluster_l2_ahead_2.cluster"][3:5] == ["0", "2"]
+    assert rows["candidate_triton_split_l2_ahead_1.split"][3:] == ["1", "rms_norm_split_lag"]
+    assert rows["candidate_triton_split_l2_only.split"][3:] == ["1", "layer_norm_split_lag_l2"]
+    assert proc.stdout.splitlines()[-1].split()[1:] == ["0", "0", "0"]  # the registered kernels' own

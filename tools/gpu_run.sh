@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A batched GPU session, in phases that each fit one device call (10 minutes):
 #   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers);
-#                                 CHECKS_K selects a part (pytest -k), e.g. to time it alone
+#                                 CHECKS_K selects a part (pytest -k), e.g. to time it alone;
+#                                 CHECKS_CANDIDATES=1 checks the long-row probe's open candidates
+#                                 instead (tools/candidate_backend.py; NORMDIFF_CANDIDATES narrows)
 #   tools/gpu_run.sh tests OUT    the framework's tests
 #   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep; BENCH_REPEAT passes of the bandwidth
 #                                 part, default 2), README shapes; tools.host_cost. BENCH_ARGS adds
@@ -36,9 +38,11 @@ pt() { timeout -s INT -k 20 "$1" python -m pytest "${@:2}" -q -p no:randomly; }
 case $phase in
 checks)
   select=(); [[ -n ${CHECKS_K:-} ]] && select=(-k "$CHECKS_K")
+  chosen=(--backend all "${liger[@]}")
+  [[ ${CHECKS_CANDIDATES:-0} == 1 ]] && chosen=(--backend 'candidate_*' --backend-file tools/candidate_backend.py)
   start=$SECONDS
   timeout -s INT -k 20 "${CHECKS_TIMEOUT:-560}" python -m pytest harness \
-     --profile full --backend all "${liger[@]}" -q -p no:randomly --report-dir="$out" "${select[@]}" \
+     --profile full "${chosen[@]}" -q -p no:randomly --report-dir="$out" "${select[@]}" \
      > "$out/checks.log" 2>&1
   echo "checks: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/checks.log"
   tail -n 6 "$out/checks.log"
