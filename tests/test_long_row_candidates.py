@@ -176,10 +176,11 @@ print("registers", *_usage(compiled), *_usage(halves))
         assert carried.count("tensor<4096xbf16>") == 2, line
 
 
-@pytest.mark.parametrize("name, next_first", [(k, nf) for k in ("rms_norm_split_lag", "layer_norm_split_lag")
-                                                for nf in (False, True)] + [("layer_norm_split_lag_halves", True),
-                                                                            ("layer_norm_split_lag_l2", True)])
-def test_lagged_split_rows_with_one_program_a_row(name, next_first):
+@pytest.mark.parametrize("name, next_first, hold_next",
+                         [(k, nf, True) for k in ("rms_norm_split_lag", "layer_norm_split_lag") for nf in (False, True)]
+                         + [(k, True, False) for k in ("rms_norm_split_lag", "layer_norm_split_lag")]
+                         + [("layer_norm_split_lag_halves", True, True)])
+def test_lagged_split_rows_with_one_program_a_row(name, next_first, hold_next):
     """The lagged kernels' row logic where it can run without co-resident programs, on the
     interpreter too: one program a row (SPLITS = 1), so every wait is for the program's own
     partial, and two groups, so each program walks every other row with the store one row behind.
@@ -191,7 +192,7 @@ def test_lagged_split_rows_with_one_program_a_row(name, next_first):
     from impls.triton._launch import state
 
     device = "cpu" if state().interpreted else "cuda"
-    fn = getattr(_candidates if name.endswith(("halves", "_l2")) else _kernels, name)
+    fn = getattr(_candidates if name.endswith("halves") else _kernels, name)
     m, n, block = 7, 1000, 1024
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(m, n, generator=g) * 3 + 100).to(device)
@@ -202,8 +203,8 @@ def test_lagged_split_rows_with_one_program_a_row(name, next_first):
     words = torch.zeros(64, dtype=torch.int64, device=device)
     done = torch.zeros(8, dtype=torch.int32, device=device)
     meta = dict(HAS_WEIGHT=True, BLOCK_N=block, SPLITS=1, SPLITS_P2=1, ROUND_BF16=False, NEXT_FIRST=next_first)
-    if name.endswith("_l2"):  # its prefetch is inline PTX, which the interpreter cannot run
-        meta["L2_AHEAD"] = 0 if device == "cpu" else 1
+    if not hold_next:  # each step loads its own row; the prefetch is inline PTX (none on the interpreter)
+        meta.update(HOLD_NEXT=False, L2_AHEAD=0 if device == "cpu" else 1)
     x64 = x.double()
     if name.startswith("rms"):
         fn[(2,)](x, w, y, rstd, words, done, m, n, n, n, 1e-5, 2, **meta)
@@ -272,8 +273,8 @@ def test_l2_prefetch_candidates_compile_for_sm90():
     """The bulk prefetch into L2 (the probe's 'L2 ahead' and 'L2 only' candidates), compiled for
     sm_90 (no GPU needed): the lagged split kernels issue one cp.async.bulk.prefetch.L2 a step
     (and L2_AHEAD - 1 before their loop) and none at L2_AHEAD = 0, at the registers they take
-    without it (within 2); the L2-only LayerNorm candidate, which holds no row ahead, takes fewer
-    registers than the lagged kernel at the same setting, without spills; the TileLang cluster
+    without it (within 2); without the next row held (HOLD_NEXT off) they prefetch L2_AHEAD rows
+    before the loop, and LayerNorm takes fewer registers (RMSNorm no more), without spills; the TileLang cluster
     kernels call the prefetch before their first load of x, within 2 registers, without spills."""
     import dataclasses
     import os
@@ -284,18 +285,19 @@ def test_l2_prefetch_candidates_compile_for_sm90():
 
     script = r'''
 import triton, torch
-from impls.triton import _kernels as k, _candidates as cand
+from impls.triton import _kernels as k
 from tools.triton_resources import compile_sm90, _usage
 n, bn = 131072, 4096
 x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
 s = torch.empty(2, dtype=torch.float32); words = torch.empty(64, dtype=torch.int64); done = torch.empty(8, dtype=torch.int32)
 base = dict(HAS_WEIGHT=True, BLOCK_N=bn, ROUND_BF16=False, num_warps=4, SPLITS=n // bn, SPLITS_P2=n // bn,
             X_CACHE=".cg", W_EVICT="evict_last", NEXT_FIRST=True)
-for name, fn in (("rms", k.rms_norm_split_lag), ("ln", k.layer_norm_split_lag), ("ln_l2", cand.layer_norm_split_lag_l2)):
-    tensors = (x, w, x, s) if name == "rms" else (x, w, w, x, s, s)
-    meta = dict(base) if name == "rms" else dict(base, HAS_BIAS=True)
+for name, fn, hold in (("rms", k.rms_norm_split_lag, True), ("ln", k.layer_norm_split_lag, True),
+                       ("rms_l2", k.rms_norm_split_lag, False), ("ln_l2", k.layer_norm_split_lag, False)):
+    tensors = (x, w, x, s) if name.startswith("rms") else (x, w, w, x, s, s)
+    meta = dict(base) if name.startswith("rms") else dict(base, HAS_BIAS=True)
     for ahead in (0, 1, 2):
-        c = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), dict(meta, L2_AHEAD=ahead))
+        c = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), dict(meta, L2_AHEAD=ahead, HOLD_NEXT=hold))
         print(name, ahead, c.asm["ptx"].count("cp.async.bulk.prefetch.L2.global"), *_usage(c))
 '''
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -309,9 +311,11 @@ for name, fn in (("rms", k.rms_norm_split_lag), ("ln", k.layer_norm_split_lag), 
         for ahead, sites in ((0, 0), (1, 1), (2, 2)):
             count, regs, spills = got[name, ahead]
             assert count == sites and spills == 0 and regs <= regs0 + 2, (name, ahead, got[name, ahead], regs0)
-    for ahead, sites in ((0, 0), (1, 2), (2, 3)):  # the L2-only kernel prefetches its first L2_AHEAD rows too
+    for ahead, sites in ((0, 0), (1, 2), (2, 3)):  # without the next row held: its first L2_AHEAD rows too
         count, regs, spills = got["ln_l2", ahead]
         assert count == sites and spills == 0 and regs < got["ln", 0][1], (ahead, got["ln_l2", ahead], got["ln", 0])
+        count, regs, spills = got["rms_l2", ahead]
+        assert count == sites and spills == 0 and regs <= got["rms", 0][1], (ahead, got["rms_l2", ahead], got["rms", 0])
 
     import torch
 
@@ -326,7 +330,7 @@ for name, fn in (("rms", k.rms_norm_split_lag), ("ln", k.layer_norm_split_lag), 
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
     for op, variant in (("rms_norm", "cluster"), ("layer_norm", "layer_norm_cluster")):
         labels = {lab for _, lab, _ in probe.candidates(op)}
-        assert f"tilelang.{variant} L2 ahead 1" in labels and "triton.split L2 ahead 1" in labels, op
+        assert {f"tilelang.{variant} L2 ahead 1", "triton.split L2 ahead 1", "triton.split L2 only"} <= labels, op
         for dtype, n, vec in ((torch.bfloat16, 131072, 8), (torch.float32, 100000, 4)):
             own = cluster_plan(variant, dtype, n, True, op == "layer_norm", vec)
             reports = []
@@ -415,7 +419,7 @@ for k in registry.kernels():
         print(k.op, k.name, "plan", p.seq_rows, p.l2_ahead, p.rows_per_block)
     else:
         c = k.config(131072, torch.bfloat16)
-        print(k.op, k.name, "config", c.l2_ahead, k.kernel_name(131072))
+        print(k.op, k.name, "config", c.l2_ahead, c.hold_next, k.kernel_name(131072))
 own = registry.get("layer_norm", "tilelang", "layer_norm_cluster").plan_for(torch.bfloat16, 131072, True, True, 8)
 print("own", own.seq_rows, own.l2_ahead, registry.get("layer_norm", "triton", "split").config(131072, torch.bfloat16).l2_ahead)
 '''
@@ -426,6 +430,6 @@ print("own", own.seq_rows, own.l2_ahead, registry.get("layer_norm", "triton", "s
     assert rows["candidate_tilelang_layer_norm_cluster_8_rows_in_turn.layer_norm_cluster"][3:] == ["8", "0", "1"]
     assert rows["candidate_tilelang_layer_norm_cluster_8_rows_in_turn_l2_ahead.layer_norm_cluster"][3:] == ["8", "1", "1"]
     assert rows["candidate_tilelang_cluster_l2_ahead_2.cluster"][3:5] == ["0", "2"]
-    assert rows["candidate_triton_split_l2_ahead_1.split"][3:] == ["1", "rms_norm_split_lag"]
-    assert rows["candidate_triton_split_l2_only.split"][3:] == ["1", "layer_norm_split_lag_l2"]
+    assert rows["candidate_triton_split_l2_ahead_1.split"][3:] == ["1", "True", "rms_norm_split_lag"]
+    assert rows["candidate_triton_split_l2_only.split"][3:] == ["1", "False", "rms_norm_split_lag"]
     assert proc.stdout.splitlines()[-1].split()[1:] == ["0", "0", "0"]  # the registered kernels' own

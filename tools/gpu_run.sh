@@ -74,7 +74,7 @@ sweep)
   ;;
 longprobe)
   ln=${PROBE_LN-'^(tilelang\.layer_norm_cluster( wb ahead 2| 3 blocks an SM| AllReduce sums| L2 ahead [12]| cluster<=16( 2 rows)?| [0-9]+ rows in turn.*)?|triton\.split( L2 ahead [12]| L2 only( ahead 2| [0-9]+x[0-9]+w)?)?)$'}
-  rms=${PROBE_RMS-'^(tilelang\.cluster( 1 row| L2 ahead [12])?|triton\.split( L2 ahead [12])?)$'}
+  rms=${PROBE_RMS-'^(tilelang\.cluster( 1 row| L2 ahead [12])?|triton\.split( L2 ahead [12]| L2 only( ahead 2| [0-9]+x[0-9]+w)?)?)$'}
   budget=${PROBE_BUDGET:-150}
   for dt in ${PROBE_DTYPES:-bfloat16}; do
     for op in layer_norm rms_norm; do

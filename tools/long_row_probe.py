@@ -70,17 +70,10 @@ def _triton_halves(block_n=None, warps=None):
     return k
 
 
-def _triton_l2_only(block_n=None, warps=None, ahead=1):
-    """triton.split's LayerNorm with its lagged rows run by the L2-only candidate
-    (impls.triton._candidates.layer_norm_split_lag_l2): each row loaded in its own step after a
-    bulk prefetch into L2 ``ahead`` steps earlier, no row held ahead in registers."""
-    from impls.triton import _candidates
-    from impls.triton.settings import SPLIT_LAG_MIN_N
-
-    k = _triton_split("layer_norm", 1, block_n, warps, hold_w=False, l2_ahead=ahead)
-    k.kernel_module = _candidates
-    k.kernel_name = lambda n: "layer_norm_split_lag_l2" if n >= SPLIT_LAG_MIN_N else k._kernel_name
-    return k
+def _triton_l2_only(op, block_n=None, warps=None, ahead=1):
+    """triton.split's lagged kernel with no row held ahead in registers (LaunchConfig.hold_next
+    off): each step loads its own row, which a bulk prefetch ``ahead`` steps earlier brought into L2."""
+    return _triton_split(op, 1, block_n, warps, hold_next=False, l2_ahead=ahead)
 
 
 def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=None, min_blocks=None, seq_rows=0,
@@ -183,6 +176,13 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
         # Rows past the next one brought into L2 by a bulk prefetch (LaunchConfig.l2_ahead): HBM
         # reads in flight that hold no registers; built after 29bbf56, not measured yet
         *[(1, f"triton.split L2 ahead {a}", lambda a=a: _triton_split(op, l2_ahead=a)) for a in (1, 2, 4)],
+        # ... and no row held ahead in registers (LaunchConfig.hold_next off): each row loaded in its
+        # own step, from L2 (two rows in registers, not three: LayerNorm bf16 131072 at 4096 x 4
+        # warps 96 registers against 128, sm_90 offline); built after 29bbf56, not measured yet
+        (1, "triton.split L2 only", lambda: _triton_l2_only(op)),
+        (1, "triton.split L2 only ahead 2", lambda: _triton_l2_only(op, ahead=2)),
+        *[(2, f"triton.split L2 only {bn}x{w}w", lambda bn=bn, w=w: _triton_l2_only(op, bn, w))
+          for bn, w in ((1024, 2), (2048, 4), (4096, 8))],
         (1, "triton.split next first", lambda: _triton_split(op, next_first=True)),
         (1, "triton.split next after", lambda: _triton_split(op, next_first=False)),
         *[(2, f"triton.split next first {bn}x{w}w", lambda bn=bn, w=w: _triton_split(op, 1, bn, w, next_first=True))
@@ -224,13 +224,6 @@ def candidates(op: str) -> list[tuple[int, str, object]]:
               for bn, w in ((1024, 2), (2048, 4), (4096, 8))]
         # impls/triton/_candidates.py: the store step in two halves (fewer registers); within 3
         # points of triton.split at 725bf38 (item 55)
-        # impls/triton/_candidates.py: each row loaded in its own step from L2, where a bulk
-        # prefetch brought it (two rows in registers, not three: bf16 131072 at 4096 x 4 warps 96
-        # registers against 128, sm_90 offline); built after 29bbf56, not measured yet
-        c += [(1, "triton.split L2 only", lambda: _triton_l2_only()),
-              (1, "triton.split L2 only ahead 2", lambda: _triton_l2_only(ahead=2))]
-        c += [(2, f"triton.split L2 only {bn}x{w}w", lambda bn=bn, w=w: _triton_l2_only(bn, w))
-              for bn, w in ((1024, 2), (2048, 4), (4096, 8))]
         c += [(2, "triton.split store halves", lambda: _triton_halves())]
         c += [(2, f"triton.split store halves {bn}x{w}w", lambda bn=bn, w=w: _triton_halves(bn, w))
               for bn, w in ((2048, 2), (2048, 4), (4096, 4), (8192, 8))]

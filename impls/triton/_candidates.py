@@ -7,21 +7,14 @@ holds half the weight and bias at a time: ptxas for sm_90 gave 96 registers agai
 2048 columns x 2 warps, 128 against 164 in float32 (docs/perf-notes.md, item 54's open
 question). Same statistics and order of summation as the registered kernel. Not measured yet;
 tools/long_row_probe.py runs it as triton.split's lagged kernel (TritonKernel.kernel_module).
-
-``layer_norm_split_lag_l2``: the lagged LayerNorm split with no row of x held ahead in registers.
-Each step loads its own row, which a bulk prefetch into L2 (``_kernels._prefetch_row_l2``)
-issued L2_AHEAD steps earlier: the HBM reads in flight hold no registers, and two rows are live
-instead of three (sm_90, bf16 131072 at 4096 columns x 4 warps: 96 registers against 128, 5
-programs an SM against 4). Same statistics and order of summation as the registered kernel. Not
-measured yet (built after 29bbf56).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from impls.triton._kernels import (_load_row, _merge_parts, _prefetch_row_l2, _split_finish, _split_publish,
-                                  _split_slot, _split_wait, _store_y)
+from impls.triton._kernels import (_load_row, _merge_parts, _split_finish, _split_publish, _split_slot, _split_wait,
+                                  _store_y)
 
 
 @triton.jit
@@ -42,12 +35,13 @@ def layer_norm_split_lag_halves(
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "",
     W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = True, L2_AHEAD: tl.constexpr = 0,
+    HOLD_NEXT: tl.constexpr = True,
 ):
     # The lagged kernels' launch choices, as SplitRowsKernel.run passes them: the next row is
     # always loaded first here, and the weight and bias are never held.
     tl.static_assert(not HOLD_W, "layer_norm_split_lag_halves loads its weight and bias each row")
     tl.static_assert(NEXT_FIRST, "layer_norm_split_lag_halves loads the next row first")
-    tl.static_assert(L2_AHEAD == 0, "layer_norm_split_lag_halves prefetches nothing into L2")
+    tl.static_assert(L2_AHEAD == 0 and HOLD_NEXT, "layer_norm_split_lag_halves: no L2 prefetch, the next row held")
     H: tl.constexpr = BLOCK_N // 2
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
@@ -92,60 +86,6 @@ def layer_norm_split_lag_halves(
         xb_prev = xb_cur
         xa_cur = xa_next
         xb_cur = xb_next
-        it += 1
-        row += GROUPS
-    _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)
-
-
-
-@triton.jit(do_not_specialize=["GROUPS"])
-def layer_norm_split_lag_l2(
-    X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "",
-    W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = True, L2_AHEAD: tl.constexpr = 1,
-):
-    # The lagged LayerNorm split with no row of x loaded ahead into registers: each step loads its
-    # own row, which the bulk prefetch L2_AHEAD steps earlier brought into L2, so two rows are live
-    # (this one and the previous, stored one step late) instead of three. L2_AHEAD = 0: no
-    # prefetch (the interpreter, which has no inline PTX, runs the row logic so).
-    tl.static_assert(not HOLD_W, "layer_norm_split_lag_l2 loads its weight and bias each row")
-    group = tl.program_id(0) // SPLITS
-    part = tl.program_id(0) % SPLITS
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
-    j = tl.arange(0, SPLITS_P2)
-    n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
-    for ahead in tl.static_range(0, L2_AHEAD):  # the rows before the loop's first prefetch
-        _prefetch_row_l2(X, group + (1 + ahead) * GROUPS, stride_x, part, N, BLOCK_N, M)
-    x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
-    it = 0
-    row = group
-    while row < M + GROUPS:  # the last step (row >= M) only stores
-        if L2_AHEAD > 0:
-            _prefetch_row_l2(X, row + (1 + L2_AHEAD) * GROUPS, stride_x, part, N, BLOCK_N, M)
-        x_cur = _load_row(X, row, stride_x, cols, cmask, M, X_CACHE)
-        x = x_cur.to(tl.float32)
-        m_part = tl.sum(x, axis=0) / n_part
-        d = tl.where(cmask, x - m_part, 0.0)
-        m2_part = tl.sum(d * d, axis=0)
-        if row < M:
-            _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
-        if it > 0:
-            m_j, m2_j = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
-            mean, rstd = _merge_parts(m_j, m2_j, n_j, N, eps)
-            y = (x_prev.to(tl.float32) - mean) * rstd
-            if HAS_WEIGHT:
-                y = y * tl.load(W + cols, mask=cmask, other=0.0, eviction_policy=W_EVICT).to(tl.float32)
-            if HAS_BIAS:
-                y = y + tl.load(B + cols, mask=cmask, other=0.0, eviction_policy=W_EVICT).to(tl.float32)
-            prev = row - GROUPS
-            _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
-            if part == 0:
-                tl.store(MEAN + prev, mean)
-                tl.store(RSTD + prev, rstd)
-        x_prev = x_cur
         it += 1
         row += GROUPS
     _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)

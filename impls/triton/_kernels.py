@@ -448,7 +448,10 @@ def _columns(P, cols, cmask, held, HOLD: tl.constexpr, W_EVICT: tl.constexpr):
 # that row, so HBM reads are in flight that hold no registers, and the row's later load into
 # registers (x_next) hits L2. Only the 16-byte-aligned span inside the columns is prefetched (the
 # instruction needs 16-byte addresses and sizes; strided rows need not be aligned). A hint: it
-# changes no value. The Triton interpreter has no inline PTX, so LaunchConfig keeps it off there.
+# changes no value. With HOLD_NEXT off (LaunchConfig.hold_next) no row is held ahead in registers:
+# each step loads its own row, from L2 where the prefetch brought it, so two rows are live instead
+# of three. The interpreter has no inline PTX (it runs these kernels only at L2_AHEAD = 0, one
+# program a row: the tests).
 _L2_PREFETCH_PTX = tl.constexpr("""{
  .reg .pred p, q;
  .reg .u32 t, n;
@@ -483,19 +486,23 @@ def rms_norm_split_lag(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
     ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "", W_EVICT: tl.constexpr = "",
-    NEXT_FIRST: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0,
+    NEXT_FIRST: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0, HOLD_NEXT: tl.constexpr = True,
 ):
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
-    x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0,
-                    cache_modifier=X_CACHE)  # group < M
+    if HOLD_NEXT:
+        x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0,
+                        cache_modifier=X_CACHE)  # group < M
+    else:  # each step loads its own row
+        x_cur = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
     w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
-    for ahead in tl.static_range(1, L2_AHEAD):  # the rows before the loop's first prefetch
+    FIRST_AHEAD: tl.constexpr = 1 if HOLD_NEXT else 0  # the rows the steps prefetch for start after these
+    for ahead in tl.static_range(FIRST_AHEAD, L2_AHEAD):
         _prefetch_row_l2(X, group + (1 + ahead) * GROUPS, stride_x, part, N, BLOCK_N, M)
     it = 0
     row = group
@@ -503,11 +510,13 @@ def rms_norm_split_lag(
         nxt = row + GROUPS
         if L2_AHEAD > 0:  # row i + 1 + L2_AHEAD into L2, for its load L2_AHEAD steps from now
             _prefetch_row_l2(X, nxt + L2_AHEAD * GROUPS, stride_x, part, N, BLOCK_N, M)
-        if NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
+        if not HOLD_NEXT:  # this row, from L2 where L2_AHEAD brought it
+            x_cur = _load_row(X, row, stride_x, cols, cmask, M, X_CACHE)
+        elif NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
         x = x_cur.to(tl.float32)
         ss = tl.sum(x * x, axis=0)
-        if not NEXT_FIRST:
+        if HOLD_NEXT and not NEXT_FIRST:
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, ss, ss)
@@ -524,7 +533,8 @@ def rms_norm_split_lag(
             if part == 0:
                 tl.store(RSTD + prev, rstd)
         x_prev = x_cur
-        x_cur = x_next
+        if HOLD_NEXT:
+            x_cur = x_next
         it += 1
         row += GROUPS
     _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)
@@ -536,6 +546,7 @@ def layer_norm_split_lag(
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "",
     W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0,
+    HOLD_NEXT: tl.constexpr = True,
 ):
     # triton.split's statistics (each part's exact mean and centred M2, merged by Chan's
     # combination), lagged as rms_norm_split_lag.
@@ -546,13 +557,17 @@ def layer_norm_split_lag(
     n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
     j = tl.arange(0, SPLITS_P2)
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
-    x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0, cache_modifier=X_CACHE)
+    if HOLD_NEXT:
+        x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0, cache_modifier=X_CACHE)
+    else:  # each step loads its own row
+        x_cur = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
     w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
     b_held = _held_columns(B, cols, cmask, HOLD_W and HAS_BIAS)
     # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
     # values and reads x_cur in its place (bad rows: all but each group's first).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
-    for ahead in tl.static_range(1, L2_AHEAD):  # the rows before the loop's first prefetch
+    FIRST_AHEAD: tl.constexpr = 1 if HOLD_NEXT else 0  # the rows the steps prefetch for start after these
+    for ahead in tl.static_range(FIRST_AHEAD, L2_AHEAD):
         _prefetch_row_l2(X, group + (1 + ahead) * GROUPS, stride_x, part, N, BLOCK_N, M)
     it = 0
     row = group
@@ -560,13 +575,15 @@ def layer_norm_split_lag(
         nxt = row + GROUPS
         if L2_AHEAD > 0:  # row i + 1 + L2_AHEAD into L2, for its load L2_AHEAD steps from now
             _prefetch_row_l2(X, nxt + L2_AHEAD * GROUPS, stride_x, part, N, BLOCK_N, M)
-        if NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
+        if not HOLD_NEXT:  # this row, from L2 where L2_AHEAD brought it
+            x_cur = _load_row(X, row, stride_x, cols, cmask, M, X_CACHE)
+        elif NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
         x = x_cur.to(tl.float32)
         m_part = tl.sum(x, axis=0) / n_part
         d = tl.where(cmask, x - m_part, 0.0)
         m2_part = tl.sum(d * d, axis=0)
-        if not NEXT_FIRST:
+        if HOLD_NEXT and not NEXT_FIRST:
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
         if row < M:
             _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
@@ -584,7 +601,8 @@ def layer_norm_split_lag(
                 tl.store(MEAN + prev, mean)
                 tl.store(RSTD + prev, rstd)
         x_prev = x_cur
-        x_cur = x_next
+        if HOLD_NEXT:
+            x_cur = x_next
         it += 1
         row += GROUPS
     _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)

@@ -58,7 +58,7 @@ class SplitRowsKernel(TritonKernel):
             meta["DEPTH"] = self.depth
         else:  # the lagged kernels' load choices (settings.split_config)
             meta.update(HOLD_W=cfg.hold_w, X_CACHE=cfg.x_cache, W_EVICT=cfg.w_evict, NEXT_FIRST=cfg.next_first,
-                        L2_AHEAD=cfg.l2_ahead)
+                        L2_AHEAD=cfg.l2_ahead, HOLD_NEXT=cfg.hold_next)
         words, done = _split_workspace(x.device)
         key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)

@@ -111,6 +111,9 @@ class LaunchConfig:
     next_first: bool = False
     # ... and rows this many steps past the next one brought into L2 by a bulk prefetch (0: none).
     l2_ahead: int = 0
+    # ... and the next row held in registers while this one is reduced (off: each step loads its
+    # own row, which l2_ahead brought into L2; two rows in registers instead of three).
+    hold_next: bool = True
 
 
 SPLIT_TUNED = {key: LaunchConfig(block_n=block_n, rows=1, num_warps=warps, hold_w=hold_w, x_cache=x_cache,
