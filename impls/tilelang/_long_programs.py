@@ -105,11 +105,13 @@ __device__ __forceinline__ void normdiff_prefetch_l2(const void* x, long long ro
 }
 """
 
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}  # bytes of an element, by the plan's dtype
+
 
 def _prefetch_ahead(plan: Plan, C: int):
     """A macro: with Plan.l2_ahead, the block's segment of each of its rows l2_ahead waves ahead
     into L2 (normdiff_prefetch_l2); nothing otherwise."""
-    size = {"float32": 4, "float16": 2, "bfloat16": 2}[plan.dtype]
+    size = _ITEMSIZE[plan.dtype]
     per_sm = plan.l2_ahead * (plan.min_blocks or 1) * plan.rows_per_block
 
     @T.macro
@@ -521,7 +523,7 @@ def layer_norm_cluster_rows(plan: Plan):
     has_w, has_b = plan.has_weight, plan.has_bias
     last = N - (C - 1) * S  # columns of the last block; every other block has S
     warps = plan.threads // 32
-    size = {"float32": 4, "float16": 2, "bfloat16": 2}[dt]
+    size = _ITEMSIZE[dt]
     load_chunk = _chunk_loader(plan)
     sources = _PUT_SOURCE + _BLOCK_SUM_SOURCE + (_PREFETCH_SOURCE if plan.l2_ahead else "")
 
