@@ -433,3 +433,54 @@ print("own", own.seq_rows, own.l2_ahead, registry.get("layer_norm", "triton", "s
     assert rows["candidate_triton_split_l2_ahead_1.split"][3:] == ["1", "True", "rms_norm_split_lag"]
     assert rows["candidate_triton_split_l2_only.split"][3:] == ["1", "False", "rms_norm_split_lag"]
     assert proc.stdout.splitlines()[-1].split()[1:] == ["0", "0", "0"]  # the registered kernels' own
+
+
+def test_probe_schedule_budget_and_again_on_the_cpu(tmp_path, monkeypatch):
+    """tools/long_row_probe's main loop without a GPU (its GPU calls stood in for, the kernels
+    torch's eager ones): every candidate runs at each N with --again's second reading in reverse
+    order, the mean of the two in its row; with a budget of nothing left every run is skipped
+    as 'budget', at every N alike. (The probe's timing and kernels are the GPU's; here only its
+    schedule and bookkeeping.)"""
+    import json
+    import types
+
+    import torch
+
+    from harness import cases as hc
+    from harness import timing as real_timing
+    from impls import base, registry
+    from tools import long_row_probe as probe
+
+    registry.load_all()
+    readings = iter(range(1000))
+    fake = types.SimpleNamespace(
+        GpuTools=lambda: None, copy_ceiling_gbps=lambda device, tools: (0.001,),
+        gpu_time_ms=lambda fn, tools: (fn(), 1.0 + 0.01 * next(readings))[1], bytes_moved=real_timing.bytes_moved)
+    monkeypatch.setattr(probe, "timing", fake)
+    monkeypatch.setattr(probe, "make_inputs", lambda case, device: hc.make_inputs(case, "cpu"))
+    monkeypatch.setattr(probe, "spec_of", lambda op, x, device, w, b: base.spec_of(op, x, "cpu", w, b))
+    monkeypatch.setattr(probe, "bandwidth_rows", lambda n: 16)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "cpu stand-in")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    eager = lambda op: lambda: registry.get(op, "torch", "eager")  # noqa: E731
+    monkeypatch.setattr(probe, "candidates", lambda op: [(1, "a", eager(op)), (1, "b", eager(op)), (2, "c", eager(op))])
+
+    out = tmp_path / "run"
+    assert probe.main(["--out", str(out), "--ops", "layer_norm", "--ns", "512,1024", "--tiers", "1", "--bench-rows",
+                       "--dtype", "float32",
+                       "--again", "--budget", "1000"]) in (0, None)
+    doc = json.loads((out / "long_rows.json").read_text())
+    got = [(r["n"], r["kernel"]) for r in doc["results"]]
+    assert got == [(512, "a"), (512, "b"), (1024, "a"), (1024, "b")], got
+    for r in doc["results"]:
+        assert r["ok"] and r["repeat_bitwise"] and r["alone_bitwise"], r
+        assert r["pct_of_copy_mean"] == pytest.approx((r["pct_of_copy"] + r["pct_of_copy_again"]) / 2)
+    # the second readings come in reverse order: b's before a's, so a's is the later (slower) one
+    by = {(r["n"], r["kernel"]): r for r in doc["results"]}
+    assert by[512, "a"]["pct_of_copy_again"] < by[512, "b"]["pct_of_copy_again"]
+
+    out = tmp_path / "none"
+    probe.main(["--out", str(out), "--ops", "layer_norm", "--ns", "512,1024", "--tiers", "2", "--bench-rows",
+                "--budget", "0"])
+    doc = json.loads((out / "long_rows.json").read_text())
+    assert [r.get("skipped") for r in doc["results"]] == ["budget"] * 6, doc["results"]

@@ -18,7 +18,8 @@
 #                                 call): LayerNorm's candidates matching PROBE_LN, then RMSNorm's
 #                                 matching PROBE_RMS (regular expressions, "" for none; defaults: the
 #                                 registered kernels and the candidates not measured yet), each probe
-#                                 under PROBE_BUDGET seconds (default 150); one output folder each
+#                                 under PROBE_BUDGET seconds (default 150), each N's candidates timed
+#                                 twice (--again); one output folder each
 # The GPU machine has torch, triton and pytest but the project is not installed: PYTHONPATH.
 # TileLang and Liger come unpacked on PYTHONPATH (../shared/device/README.md), apex's extension
 # wherever APEX_LIB points. The checks are one pytest run whose xdist workers share the GPU and
@@ -81,7 +82,7 @@ longprobe)
       only=$ln; [[ $op == rms_norm ]] && only=$rms  # PROBE_LN= / PROBE_RMS= (empty): that op not probed
       [[ -z $only ]] && continue
       timeout -k 10 $((budget + 40)) python -m tools.long_row_probe --tiers 3 --jobs "$jobs" --ops $op --dtype "$dt" \
-        --only "$only" --budget "$budget" --out "$out/probe-$op-$dt" > "$out/probe-$op-$dt.log" 2>&1
+        --only "$only" --budget "$budget" --again --out "$out/probe-$op-$dt" > "$out/probe-$op-$dt.log" 2>&1
       echo "$op $dt: exit $?"; tail -n 1 "$out/probe-$op-$dt.log"
     done
   done

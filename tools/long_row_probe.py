@@ -6,9 +6,10 @@ sampled rows, a repeat compared bit for bit and the first rows run alone (batch 
 
 Candidates run in tiers (the new kernels first, then the baselines and alternative launch
 settings), each N's one after another. With --jobs, the TileLang plans and Triton candidates are
-compiled first in parallel. No candidate starts after --budget seconds, which are shared out over
-the tiers' N by their number of candidates, so a short budget drops the last candidates of each
-N rather than whole N. M: x of about 1 GiB
+compiled first in parallel; with --again each N's candidates are timed once more in reverse
+order (the mean of the two readings cancels a drift over the group). No candidate starts after
+--budget seconds, which are shared out over the tiers' N by their number of candidates, so a
+short budget drops the last candidates of each N rather than whole N. M: x of about 1 GiB
 (--bench-rows: the benchmark's M, harness.shapes.bandwidth_rows, 2^31 elements and more at
 N >= 131072). Writes long_rows.json and long_rows.txt under --out.
 """
@@ -347,6 +348,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=110.0, help="seconds of the run (prewarm included) after which "
                    "no candidate starts, shared out by N")
     p.add_argument("--bench-rows", action="store_true", help="the benchmark's M instead of x of about 1 GiB")
+    p.add_argument("--again", action="store_true", help="time each N's candidates a second time, in reverse "
+                   "order, and report the mean of the two readings")
     p.add_argument("--jobs", type=int, default=0, help="compile the TileLang candidates first in this many "
                    "processes (0: none)")
     args = p.parse_args(argv)
@@ -411,6 +414,7 @@ def main(argv=None) -> int:
         d = inputs_for(op, n)
         x, eps = d.x, d.eps
         m = x.shape[0]
+        timed = []  # (label, kernel, row) of the group's candidates that ran, for --again
         for _, label, make in chosen:
             r = {"op": op, "n": n, "m": m, "kernel": label}
             if time.perf_counter() - t_timing > deadline:
@@ -433,6 +437,7 @@ def main(argv=None) -> int:
                                                 len({"mean", "rstd"} & set(kernel.outputs)))
                     r.update(ms=ms, gbps=nbytes / ms / 1e6, pct_of_copy=100 * nbytes / ms / 1e6 / ceiling)
                     r.update(check(op, kernel, x, w, b, eps, o))
+                    timed.append((label, kernel, r, nbytes))
                 except UnsupportedCase as exc:
                     r["skipped"] = str(exc)
                 except Exception as exc:  # noqa: BLE001 (one candidate's failure is a result)
@@ -449,6 +454,17 @@ def main(argv=None) -> int:
                 line = f"{op:10s} {m}x{n:<7d} {label:42s} " + (r.get("skipped") or r.get("error", ""))[:300]
             print(line, flush=True)
             lines.append(line)
+            save()
+        if args.again:  # each candidate timed again in reverse order: a drift over the group cancels in the mean
+            for label, kernel, r, nbytes in reversed(timed):
+                w, b = affine_of(label, d)
+                ms = timing.gpu_time_ms(kernel.bench_callable(x, w, b, eps, kernel(x, w, b, eps)), tools)
+                again = 100 * nbytes / ms / 1e6 / ceiling
+                r.update(pct_of_copy_again=again, pct_of_copy_mean=(r["pct_of_copy"] + again) / 2)
+                line = (f"{op:10s} {m}x{n:<7d} {label:42s} {again:6.1f}% again, mean {r['pct_of_copy_mean']:.1f}% "
+                        f"(first {r['pct_of_copy']:.1f}%)")
+                print(line, flush=True)
+                lines.append(line)
             save()
     lines.append(f"total {time.perf_counter() - t0:.0f} s")
     save()
