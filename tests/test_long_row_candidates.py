@@ -467,8 +467,7 @@ def test_probe_schedule_budget_and_again_on_the_cpu(tmp_path, monkeypatch):
 
     out = tmp_path / "run"
     assert probe.main(["--out", str(out), "--ops", "layer_norm", "--ns", "512,1024", "--tiers", "1", "--bench-rows",
-                       "--dtype", "float32",
-                       "--again", "--budget", "1000"]) in (0, None)
+                       "--dtype", "float32", "--again", "--budget", "1000"]) in (0, None)
     doc = json.loads((out / "long_rows.json").read_text())
     got = [(r["n"], r["kernel"]) for r in doc["results"]]
     assert got == [(512, "a"), (512, "b"), (1024, "a"), (1024, "b")], got
