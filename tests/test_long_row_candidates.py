@@ -483,3 +483,23 @@ def test_probe_schedule_budget_and_again_on_the_cpu(tmp_path, monkeypatch):
                 "--budget", "0"])
     doc = json.loads((out / "long_rows.json").read_text())
     assert [r.get("skipped") for r in doc["results"]] == ["budget"] * 6, doc["results"]
+
+
+def test_rows_in_turn_rule_is_one_switch(monkeypatch):
+    """_long_plan.LN_SEQ_ROWS (off until a probe says otherwise) turns the LayerNorm plans into
+    rows in turn with 16 KB segments in clusters of up to 16, with the shared memory of the weight
+    and bias counted in the launch bound; RMSNorm's plans and the probe's explicit choices stay."""
+    import torch
+
+    from impls.tilelang import _long_plan as lp
+
+    off = lp.cluster_plan("layer_norm_cluster", torch.bfloat16, 131072, True, True, 8)
+    assert off.seq_rows == 0 and off.padded == 16384
+    monkeypatch.setattr(lp, "LN_SEQ_ROWS", 8)
+    on = lp.cluster_plan("layer_norm_cluster", torch.bfloat16, 131072, True, True, 8)
+    assert (on.seq_rows, on.padded, lp.cluster_size(on)) == (8, 8192, 16), on
+    assert on.min_blocks == 4  # three 16 KB segments a block: four blocks an SM
+    assert lp.cluster_plan("layer_norm_cluster", torch.bfloat16, 131072, True, True, 8, seq_rows=0).seq_rows == 0
+    assert lp.cluster_plan("cluster", torch.bfloat16, 131072, True, False, 8).seq_rows == 0
+    wide = lp.cluster_plan("layer_norm_cluster", torch.float32, 262144, True, True, 4)
+    assert wide.seq_rows == 8 and wide.min_blocks is None  # 192 KB a block: one an SM, no bound

@@ -73,8 +73,10 @@ def test_the_split_settings_carry_the_lagged_kernels_load_choices():
 
     held = settings.split_config(131072, torch.float32, "rms_norm")  # a row with hold_w = true
     ruled = settings.split_config(100000, torch.bfloat16, "layer_norm")  # no row: the rule
-    for cfg in (held, ruled):
+    for cfg, op in ((held, "rms_norm"), (ruled, "layer_norm")):
         assert (cfg.x_cache, cfg.w_evict) == (settings.SPLIT_X_CACHE, settings.SPLIT_W_EVICT)
+        # the L2 prefetch and the next row held: the settings' defaults where a row leaves them out
+        assert (cfg.l2_ahead, cfg.hold_next) == (settings.SPLIT_L2_AHEAD[op], True)
     assert held.hold_w and not ruled.hold_w
 
 

@@ -77,8 +77,8 @@ def _triton_l2_only(op, block_n=None, warps=None, ahead=1):
     return _triton_split(op, 1, block_n, warps, hold_next=False, l2_ahead=ahead)
 
 
-def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=None, min_blocks=None, seq_rows=0,
-                      **exchange):
+def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=None, rows=None, min_blocks=None,
+                      seq_rows=None, **exchange):
     """tilelang.cluster or tilelang.layer_norm_cluster with another plan: threads, segment size,
     cluster limit, rows a block carries (None: the plan's rule), launch bound (blocks an SM), and
     Plan fields of the kernels' forms (mbar_exchange, relaxed_arrive, stats_in_load)."""
@@ -89,7 +89,7 @@ def _tilelang_cluster(op, threads=None, segment_bytes=None, max_cluster=8, rows=
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     k.__dict__.pop("_plans", None)
-    if threads or segment_bytes or max_cluster != 8 or rows is not None or min_blocks or seq_rows or exchange:
+    if threads or segment_bytes or max_cluster or rows is not None or min_blocks or seq_rows is not None or exchange:
         def plan_for(dtype, n, hw, hb, vec, m=None):
             plan = cluster_plan(variant, dtype, n, hw, hb, vec, threads, segment_bytes, max_cluster, rows, seq_rows)
             return dataclasses.replace(plan, min_blocks=min_blocks or plan.min_blocks, **exchange)

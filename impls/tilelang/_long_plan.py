@@ -62,6 +62,12 @@ ONE_BARRIER_SUM = True
 # spans blocks. Built after 29bbf56 and not measured yet (tools/long_row_probe.py's 'L2 ahead'
 # labels): 0 (none) until a probe says otherwise.
 L2_AHEAD = 0
+# LayerNorm's rows a cluster normalises one after another, its blocks keeping their weight and bias
+# segments in shared memory (Plan.seq_rows; 0: one row a cluster), with segments of at most
+# SEQ_SEGMENT_BYTES in clusters of up to WIDE_CLUSTER (three segments a block in shared memory).
+# Built after 29bbf56 and not measured yet (tools/long_row_probe.py's 'rows in turn' labels):
+# 0 until a probe says otherwise.
+LN_SEQ_ROWS, SEQ_SEGMENT_BYTES = 0, 16384
 # The longest row compiled (offline builds, spill-free) and measured, in every dtype.
 LONGEST_BUILT = 262144
 
@@ -72,19 +78,23 @@ def cluster_size(plan: Plan) -> int:
 
 def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
                  threads: int | None = None, segment_bytes: int | None = None,
-                 max_cluster: int = MAX_CLUSTER, rows: int | None = None, seq_rows: int = 0) -> Plan:
+                 max_cluster: int | None = None, rows: int | None = None, seq_rows: int | None = None) -> Plan:
     """The fewest blocks per row (a power of two, at most ``max_cluster``) whose segments hold at
     most ``segment_bytes`` (default SEGMENT_BYTES) of x, each segment a multiple of threads x 16
-    bytes of columns; the overrides are for tools/long_row_probe. ``rows``: rows a block carries
+    bytes of columns (LayerNorm with LN_SEQ_ROWS: SEQ_SEGMENT_BYTES and WIDE_CLUSTER); the
+    overrides are for tools/long_row_probe. ``rows``: rows a block carries
     (its threads work on each; a segment of each in shared memory; default RMS_ROWS for RMSNorm
     from ROWS_MIN_N at THREADS threads, else one). The launch bound is as many blocks as shared
-    memory holds (with ``seq_rows``, Plan.seq_rows, the weight and bias segments there too), while
+    memory holds (with ``seq_rows``, Plan.seq_rows, default LN_SEQ_ROWS for LayerNorm where a row
+    spans blocks, the weight and bias segments there too), while
     that leaves ptxas MIN_REGISTERS per thread and row: unbounded,
     ptxas keeps every vector of the segment's load in flight in registers (87 at bf16 262144,
     256 threads: two blocks an SM where three fit)."""
     dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
     size = getattr(torch, dt).itemsize
-    most = segment_bytes or SEGMENT_BYTES
+    seq_rule = seq_rows is None and variant == "layer_norm_cluster" and LN_SEQ_ROWS > 0
+    most = segment_bytes or (SEQ_SEGMENT_BYTES if seq_rule else SEGMENT_BYTES)
+    max_cluster = max_cluster or (WIDE_CLUSTER if seq_rule else MAX_CLUSTER)
     c = 1
     while c < max_cluster and -(-n // c) * size > most:
         c *= 2
@@ -95,6 +105,8 @@ def cluster_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: boo
         rows = RMS_ROWS if variant == "cluster" and n >= ROWS_MIN_N and tpr == THREADS else 1
     unit = tpr * max_vec(getattr(torch, dt))
     seg = -(-(-(-n // c)) // unit) * unit
+    if seq_rows is None:
+        seq_rows = LN_SEQ_ROWS if seq_rule and -(-n // seg) > 1 else 0
     held = 2 * seg * size if seq_rows else 0  # the weight and bias segments a block keeps
     fit = min(SM_SHARED // (rows * seg * size + held + 1024), SM_THREADS // tpr,
               SM_REGISTERS // (tpr * MIN_REGISTERS * rows))

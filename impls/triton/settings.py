@@ -77,8 +77,9 @@ SPLIT_NEXT_FIRST = {"rms_norm": False, "layer_norm": True}
 # labels), so 0 (none) until a probe says otherwise; the split table may set it by row.
 SPLIT_L2_AHEAD = {"rms_norm": 0, "layer_norm": 0}
 # split: by N -> the launch setting: columns per program, warps, and the lagged kernels' load
-# choices (the weight held in registers, x's cache modifier, the weight's L1 eviction hint; the
-# defaults above where a row leaves them out). Built below LaunchConfig.
+# choices (the weight held in registers, x's cache modifier, the weight's L1 eviction hint, the
+# next row first, rows prefetched into L2, the next row held; the defaults above where a row
+# leaves them out). Built below LaunchConfig.
 
 
 def _dispatch_ranges() -> dict:
@@ -119,11 +120,12 @@ class LaunchConfig:
 SPLIT_TUNED = {key: LaunchConfig(block_n=block_n, rows=1, num_warps=warps, hold_w=hold_w, x_cache=x_cache,
                                  w_evict=w_evict,
                                  next_first=SPLIT_NEXT_FIRST[key[0]] if next_first is None else next_first,
-                                 l2_ahead=SPLIT_L2_AHEAD[key[0]] if l2_ahead is None else l2_ahead)
-               for key, (block_n, warps, hold_w, x_cache, w_evict, next_first, l2_ahead) in tuned.table(
+                                 l2_ahead=SPLIT_L2_AHEAD[key[0]] if l2_ahead is None else l2_ahead,
+                                 hold_next=hold_next)
+               for key, (block_n, warps, hold_w, x_cache, w_evict, next_first, l2_ahead, hold_next) in tuned.table(
                    TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"),
                    optional={"hold_w": False, "x_cache": SPLIT_X_CACHE, "w_evict": SPLIT_W_EVICT,
-                             "next_first": None, "l2_ahead": None}).items()}
+                             "next_first": None, "l2_ahead": None, "hold_next": True}).items()}
 
 
 def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm", m: int | None = None) -> LaunchConfig:
