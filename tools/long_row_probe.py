@@ -414,7 +414,7 @@ def main(argv=None) -> int:
         d = inputs_for(op, n)
         x, eps = d.x, d.eps
         m = x.shape[0]
-        timed = []  # (label, kernel, row) of the group's candidates that ran, for --again
+        timed = []  # (label, kernel, row, bytes moved) of the group's candidates that ran, for --again
         for _, label, make in chosen:
             r = {"op": op, "n": n, "m": m, "kernel": label}
             if time.perf_counter() - t_timing > deadline:

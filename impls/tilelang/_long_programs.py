@@ -48,6 +48,7 @@ shared memory (docs/perf-notes.md item 53: correct, and slower at the rule's lau
 
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
 import tilelang.language as T
+import torch
 
 from tilelang.cuda.language import copy as cuda_copy
 
@@ -87,53 +88,63 @@ __device__ __forceinline__ float normdiff_block_sum(const float* v, int first, i
 """
 
 # Plan.l2_ahead: thread 0 brings the 16-byte-aligned span of ``bytes`` bytes at ``col_bytes`` into
-# row ``row + ahead`` of x into L2 (cp.async.bulk.prefetch, sm_90; no registers, no shared memory),
-# where ahead = SMs x per_sm / cluster rows: as many rows as the GPU holds at once, so the block
-# that loads that row one wave later finds it in L2. Nothing past row m - 1. A hint: no value changes.
+# row ``row`` of x into L2 (cp.async.bulk.prefetch, sm_90; no registers, no shared memory); nothing
+# past row m - 1. A hint: no value changes. normdiff_sm_count: the SMs (%nsmid, which may count a
+# few more than the GPU has), from which the cluster kernels reckon a wave of rows.
 _PREFETCH_SOURCE = r"""
-__device__ __forceinline__ void normdiff_prefetch_l2(const void* x, long long row, long long m, long long row_bytes,
-                                                     long long col_bytes, unsigned bytes, int per_sm, int cluster) {
-  if (threadIdx.x != 0) return;
+__device__ __forceinline__ int normdiff_sm_count() {
   unsigned sms;
   asm volatile("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  long long r = row + (long long)sms * per_sm / cluster;
-  if (r >= m) return;
-  unsigned long long a = (unsigned long long)x + r * row_bytes + col_bytes;
+  return (int)sms;
+}
+__device__ __forceinline__ void normdiff_prefetch_l2(const void* x, long long row, long long m, long long row_bytes,
+                                                     long long col_bytes, unsigned bytes) {
+  if (threadIdx.x != 0 || row >= m) return;
+  unsigned long long a = (unsigned long long)x + row * row_bytes + col_bytes;
   unsigned long long e = (a + bytes) & ~15ull;
   a = (a + 15) & ~15ull;
   if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(a), "r"((unsigned)(e - a)) : "memory");
 }
 """
 
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}  # bytes of an element, by the plan's dtype
+
+def _prefetch_row(plan: Plan):
+    """A macro: the block's segment (columns from ``base``) of row ``row`` into L2
+    (normdiff_prefetch_l2)."""
+    size = getattr(torch, plan.dtype).itemsize
+
+    @T.macro
+    def prefetch(X, row, base, sxv, M):
+        T.call_extern("handle", "normdiff_prefetch_l2", X.data, T.cast(row, "int64"), T.cast(M, "int64"),
+                      sxv * (plan.vec * size), T.cast(base, "int64") * size,
+                      T.cast(T.max(T.min(plan.padded, plan.n - base), 0) * size, "uint32"))
+    return prefetch
 
 
 def _prefetch_ahead(plan: Plan, C: int):
     """A macro: with Plan.l2_ahead, the block's segment of each of its rows l2_ahead waves ahead
-    into L2 (normdiff_prefetch_l2); nothing otherwise."""
-    size = _ITEMSIZE[plan.dtype]
+    into L2 (a wave: SMs x blocks an SM / C blocks a cluster x rows a block); nothing otherwise."""
     per_sm = plan.l2_ahead * (plan.min_blocks or 1) * plan.rows_per_block
+    prefetch_row = _prefetch_row(plan)
 
     @T.macro
     def prefetch(X, row, base, sxv, M):
         if plan.l2_ahead:
             for r in T.unroll(plan.rows_per_block):
-                T.call_extern("handle", "normdiff_prefetch_l2", X.data, T.cast(row + r, "int64"), T.cast(M, "int64"),
-                              sxv * (plan.vec * size), T.cast(base, "int64") * size,
-                              T.cast(T.max(T.min(plan.padded, plan.n - base), 0) * size, "uint32"), per_sm, C)
+                prefetch_row(X, row + r + T.call_extern("int32", "normdiff_sm_count") * per_sm // C, base, sxv, M)
     return prefetch
 
 
-def _helpers(plan: Plan, sums: int):
+def _helpers(plan: Plan, sums: int, barriers: int = 1):
     """The kernel's device functions in the generated CUDA (one import: a second would replace
-    the first), and (bar, ws): the mbarrier of the mbarrier exchange (its arrive count 1: the
-    block's own arrive; None for the barrier exchange) and the shared workspace of ``sums``
-    one-barrier block sums (None without Plan.one_barrier_sum)."""
+    the first), and (bar, ws): the ``barriers`` mbarriers of the mbarrier exchange (arrive count
+    1 each: the block's own arrive; None for the barrier exchange) and the shared workspace of
+    ``sums`` one-barrier block sums (None without Plan.one_barrier_sum)."""
     sources = ([_PUT_SOURCE] if plan.mbar_exchange else []) + ([_BLOCK_SUM_SOURCE] if plan.one_barrier_sum else []) + (
         [_PREFETCH_SOURCE] if plan.l2_ahead else [])
     if sources:
         T.import_source("".join(sources))
-    bar = T.alloc_barrier(1) if plan.mbar_exchange else None
+    bar = T.alloc_barrier([1] * barriers) if plan.mbar_exchange else None
     ws = T.alloc_shared((sums, plan.threads // 32), F32) if plan.one_barrier_sum else None
     return bar, ws
 
@@ -369,6 +380,65 @@ def rms_norm_cluster(plan: Plan):
     return main
 
 
+def _lane_statistics(plan: Plan):
+    """A macro (Plan.stats_in_load, LayerNorm): the block's R rows loaded chunk by chunk into
+    shared memory ``xs``, each lane's values summed on the way by Welford's update (sh: the lane's
+    mean, acc2: its M2 about it; padded values leave both as they are), then s1[r] = the block's
+    sum and s2[r] = its M2 about the block's mean, from the lanes' by Chan's combination (block
+    sums in ws rows 0..R-1 and R..2R-1). A sum of squares about the lane's first value cancelled
+    where that value was an outlier (the GPU fuzz test: float32 4 x 16384 outlier_first, vec 1,
+    32 values a lane, rstd 2e-6 off); Welford's update has no such cancellation."""
+    N, R = plan.n, plan.rows_per_block
+    K, chunks = _smem_chunks(plan)
+    load_chunk, block_sum = _chunk_loader(plan), _block_sum(plan)
+
+    @T.macro
+    def statistics(X, xs, xf, sh, acc, acc2, s1, s2, ws, row, base, nb, sxv, M):
+        load_chunk(X, xf, row, base, sxv, M)
+        for r, j in T.Parallel(R, K):
+            xs[r, j] = xf[r, j]
+        for r, j in T.Parallel(R, K):
+            sh[r, j] = T.cast(xf[r, j], F32)
+            acc2[r, j] = 0.0
+        for c in _chunk_loop(chunks - 1):
+            load_chunk(X, xf, row, base + (c + 1) * K, sxv, M)
+            for r, j in T.Parallel(R, K):
+                xs[r, (c + 1) * K + j] = xf[r, j]
+            for r, j in T.Parallel(R, K):  # the lane's (c + 2)-th value, if it has one
+                acc[r, j] = T.if_then_else(base + (c + 1) * K + j < N, T.cast(xf[r, j], F32) - sh[r, j], 0.0)
+                sh[r, j] = sh[r, j] + acc[r, j] * (1.0 / T.cast(c + 2, F32))
+                acc2[r, j] = acc2[r, j] + acc[r, j] * (T.cast(xf[r, j], F32) - sh[r, j])
+        for r, j in T.Parallel(R, K):  # acc: the lane's sum
+            acc[r, j] = _lane_count(plan, base, j) * sh[r, j]
+        block_sum(acc, s1, ws, 0)
+        for r, j in T.Parallel(R, K):
+            acc[r, j] = acc2[r, j] + _lane_count(plan, base, j) * (sh[r, j] - s1[r] / nb) * (sh[r, j] - s1[r] / nb)
+        block_sum(acc, s2, ws, R)
+    return statistics
+
+
+def _merge_partials(plan: Plan, C: int):
+    """A macro (LayerNorm): s1[r] = the row's mean and s2[r] = its rstd from the C blocks'
+    partials, ``slot(p, 0)`` block p's sum and ``slot(p, 1)`` its M2 about its own mean, merged in
+    rank order: M2 = sum of M2_p + n_p (m_p - mean)^2 (no E[x^2] - E[x]^2 cancellation)."""
+    N, S = plan.n, plan.padded
+    last = N - (C - 1) * S  # columns of the last block; every other block has S
+
+    @T.macro
+    def merge(s1, s2, r, slot, eps):
+        s1[r] = 0.0
+        for p in T.serial(C):
+            s1[r] += slot(p, 0)
+        s1[r] = s1[r] / N  # the row's mean
+        s2[r] = 0.0
+        for p in T.serial(C):
+            s2[r] += slot(p, 1) + T.if_then_else(p == C - 1, last, S) * (
+                slot(p, 0) / T.if_then_else(p == C - 1, last, S) - s1[r]) * (
+                slot(p, 0) / T.if_then_else(p == C - 1, last, S) - s1[r])
+        s2[r] = T.rsqrt(s2[r] / N + eps)  # s2 now holds rstd
+    return merge
+
+
 def layer_norm_cluster(plan: Plan):
     """LayerNorm, with two partials per block: the sum of its n_b columns and the sum of squares
     about its own mean m_b (two passes over shared memory). After the exchange, mean = sum / N
@@ -386,10 +456,11 @@ def layer_norm_cluster(plan: Plan):
     A = min(plan.wb_ahead, chunks) if (has_w or has_b) else 0
 
     XT, load_segment = _x_param(plan, M, LX), _segment_loader(plan)
-    load_chunk = _chunk_loader(plan) if plan.stats_in_load else None
     start_exchange, send_partials = _exchange(plan, C, 2 * R)
     block_sum = _block_sum(plan)
     prefetch_ahead = _prefetch_ahead(plan, C)
+    lane_statistics = _lane_statistics(plan) if plan.stats_in_load else None
+    merge = _merge_partials(plan, C)
 
     @T.prim_func
     def main(
@@ -412,38 +483,13 @@ def layer_norm_cluster(plan: Plan):
             base = (bx % C) * S
             prefetch_ahead(X, row, base, sxv, M)
             nb = T.if_then_else(bx % C == C - 1, last, S)
-            if plan.stats_in_load:
-                # Each lane's values on their way to shared memory, by Welford's update (sh: the
-                # lane's mean, acc2: its M2 about it; padded values leave both as they are), then
-                # the block's sum and its M2 about the block's mean from the lanes' (Chan). A sum of
-                # squares about the lane's first value cancelled where that value was an outlier
-                # (the GPU fuzz test: float32 4 x 16384 outlier_first, vec 1, 32 values a lane,
-                # rstd 2e-6 off; Welford's update has no such cancellation).
+            if plan.stats_in_load:  # each lane's values summed on their way to shared memory
                 xf = T.alloc_fragment((R, K), dt)
                 sh = T.alloc_fragment((R, K), F32)
                 acc2 = T.alloc_fragment((R, K), F32)
                 T.annotate_layout({xf: _rows_layout(plan, R, K), sh: _rows_layout(plan, R, K),
                                    acc2: _rows_layout(plan, R, K)})
-                load_chunk(X, xf, row, base, sxv, M)
-                for r, j in T.Parallel(R, K):
-                    xs[r, j] = xf[r, j]
-                for r, j in T.Parallel(R, K):
-                    sh[r, j] = T.cast(xf[r, j], F32)
-                    acc2[r, j] = 0.0
-                for c in _chunk_loop(chunks - 1):
-                    load_chunk(X, xf, row, base + (c + 1) * K, sxv, M)
-                    for r, j in T.Parallel(R, K):
-                        xs[r, (c + 1) * K + j] = xf[r, j]
-                    for r, j in T.Parallel(R, K):  # the lane's (c + 2)-th value, if it has one
-                        acc[r, j] = T.if_then_else(base + (c + 1) * K + j < N, T.cast(xf[r, j], F32) - sh[r, j], 0.0)
-                        sh[r, j] = sh[r, j] + acc[r, j] * (1.0 / T.cast(c + 2, F32))
-                        acc2[r, j] = acc2[r, j] + acc[r, j] * (T.cast(xf[r, j], F32) - sh[r, j])
-                for r, j in T.Parallel(R, K):  # acc: the lane's sum
-                    acc[r, j] = _lane_count(plan, base, j) * sh[r, j]
-                block_sum(acc, s1, ws, 0)
-                for r, j in T.Parallel(R, K):
-                    acc[r, j] = acc2[r, j] + _lane_count(plan, base, j) * (sh[r, j] - s1[r] / nb) * (sh[r, j] - s1[r] / nb)
-                block_sum(acc, s2, ws, R)
+                lane_statistics(X, xs, xf, sh, acc, acc2, s1, s2, ws, row, base, nb, sxv, M)
             else:
                 load_segment(X, xs, row, base, sxv, M)
                 for r, j in T.Parallel(R, K):
@@ -472,16 +518,7 @@ def layer_norm_cluster(plan: Plan):
                     ba[a, j] = T.if_then_else(has_b and base + a * K + j < N, B[base + a * K + j], T.cast(0, dt))
             send_partials(mine, slots, bar, bx % C, lambda k: T.if_then_else(k % 2 == 0, s1[k // 2], s2[k // 2]))
             for r in T.unroll(R):
-                s1[r] = 0.0
-                for p in T.serial(C):
-                    s1[r] += slots[p, 2 * r]
-                s1[r] = s1[r] / N  # the row's mean
-                s2[r] = 0.0
-                for p in T.serial(C):
-                    s2[r] += slots[p, 2 * r + 1] + T.if_then_else(p == C - 1, last, S) * (
-                        slots[p, 2 * r] / T.if_then_else(p == C - 1, last, S) - s1[r]) * (
-                        slots[p, 2 * r] / T.if_then_else(p == C - 1, last, S) - s1[r])
-                s2[r] = T.rsqrt(s2[r] / N + eps)  # s2 now holds rstd
+                merge(s1, s2, r, lambda p, q: slots[p, 2 * r + q], eps)
             if A:
                 for c in T.unroll(A):  # the same arithmetic as _affine, from the registers
                     for r, j in T.Parallel(R, K):
@@ -522,10 +559,7 @@ def layer_norm_cluster_rows(plan: Plan):
     M, LX, LY = T.dynamic("M"), T.dynamic("LX", "int64"), T.dynamic("LY", "int64")
     has_w, has_b = plan.has_weight, plan.has_bias
     last = N - (C - 1) * S  # columns of the last block; every other block has S
-    warps = plan.threads // 32
-    size = _ITEMSIZE[dt]
-    load_chunk = _chunk_loader(plan)
-    sources = _PUT_SOURCE + _BLOCK_SUM_SOURCE + (_PREFETCH_SOURCE if plan.l2_ahead else "")
+    lane_statistics, merge, prefetch_row = _lane_statistics(plan), _merge_partials(plan, C), _prefetch_row(plan)
 
     @T.prim_func
     def main(
@@ -535,7 +569,6 @@ def layer_norm_cluster_rows(plan: Plan):
         with T.Kernel(T.ceildiv(M, Q) * C, threads=plan.threads, cluster_dims=(C, 1, 1)) as bx:
             if plan.min_blocks:
                 T.annotate_min_blocks_per_sm(plan.min_blocks)
-            T.import_source(sources)
             xs = T.alloc_shared((1, S), dt)
             wsm = T.alloc_shared((1, S), dt)
             bsm = T.alloc_shared((1, S), dt)
@@ -547,8 +580,7 @@ def layer_norm_cluster_rows(plan: Plan):
             s2 = T.alloc_fragment((1,), F32)
             vals = T.alloc_local((2,), F32)
             slots = T.alloc_shared((2, C, 2), F32)
-            bar = T.alloc_barrier([1, 1])
-            ws = T.alloc_shared((2, warps), F32)
+            bar, ws = _helpers(plan, 2, barriers=2)
             T.annotate_layout({xf: _rows_layout(plan, 1, K), sh: _rows_layout(plan, 1, K),
                                acc: _rows_layout(plan, 1, K), acc2: _rows_layout(plan, 1, K)})
             rank = bx % C
@@ -565,32 +597,10 @@ def layer_norm_cluster_rows(plan: Plan):
                 row = T.min(first + k, M - 1)
                 T.sync_threads()  # the last row's y pass read xs: every thread is past it
                 if plan.l2_ahead:
-                    T.call_extern("handle", "normdiff_prefetch_l2", X.data, T.cast(T.min(first + k + 1, M - 1), "int64"),
-                                  T.cast(M, "int64"), sxv * (vec * size), T.cast(base, "int64") * size,
-                                  T.cast(T.max(T.min(S, N - base), 0) * size, "uint32"), 0, 1)
+                    prefetch_row(X, T.min(first + k + 1, M - 1), base, sxv, M)
                 if T.get_thread_binding() == 0:
                     T.mbarrier_arrive_expect_tx(bar[k % 2], C * 2 * 4)
-                # The statistics as layer_norm_cluster's (Welford's update per lane, then Chan).
-                load_chunk(X, xf, row, base, sxv, M)
-                for r, j in T.Parallel(1, K):
-                    xs[r, j] = xf[r, j]
-                for r, j in T.Parallel(1, K):
-                    sh[r, j] = T.cast(xf[r, j], F32)
-                    acc2[r, j] = 0.0
-                for c in _chunk_loop(chunks - 1):
-                    load_chunk(X, xf, row, base + (c + 1) * K, sxv, M)
-                    for r, j in T.Parallel(1, K):
-                        xs[r, (c + 1) * K + j] = xf[r, j]
-                    for r, j in T.Parallel(1, K):
-                        acc[r, j] = T.if_then_else(base + (c + 1) * K + j < N, T.cast(xf[r, j], F32) - sh[r, j], 0.0)
-                        sh[r, j] = sh[r, j] + acc[r, j] * (1.0 / T.cast(c + 2, F32))
-                        acc2[r, j] = acc2[r, j] + acc[r, j] * (T.cast(xf[r, j], F32) - sh[r, j])
-                for r, j in T.Parallel(1, K):
-                    acc[r, j] = _lane_count(plan, base, j) * sh[r, j]
-                s1[0] = T.call_extern(F32, "normdiff_block_sum", acc.data, 0, vec, T.address_of(ws[0, 0]), warps)
-                for r, j in T.Parallel(1, K):
-                    acc[r, j] = acc2[r, j] + _lane_count(plan, base, j) * (sh[r, j] - s1[0] / nb) * (sh[r, j] - s1[0] / nb)
-                s2[0] = T.call_extern(F32, "normdiff_block_sum", acc.data, 0, vec, T.address_of(ws[1, 0]), warps)
+                lane_statistics(X, xs, xf, sh, acc, acc2, s1, s2, ws, row, base, nb, sxv, M)
                 vals[0] = s1[0]
                 vals[1] = s2[0]
                 tx = T.get_thread_binding()
@@ -599,16 +609,7 @@ def layer_norm_cluster_rows(plan: Plan):
                         T.call_extern("handle", "normdiff_put_f32", T.address_of(slots[k % 2, rank, q]), vals[q],
                                       T.address_of(bar[k % 2]), tx)
                 T.mbarrier_wait_parity(bar[k % 2], (k // 2) % 2)
-                s1[0] = 0.0
-                for p in T.serial(C):
-                    s1[0] += slots[k % 2, p, 0]
-                s1[0] = s1[0] / N  # the row's mean
-                s2[0] = 0.0
-                for p in T.serial(C):
-                    s2[0] += slots[k % 2, p, 1] + T.if_then_else(p == C - 1, last, S) * (
-                        slots[k % 2, p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0]) * (
-                        slots[k % 2, p, 0] / T.if_then_else(p == C - 1, last, S) - s1[0])
-                s2[0] = T.rsqrt(s2[0] / N + eps)  # s2 now holds rstd
+                merge(s1, s2, 0, lambda p, q: slots[k % 2, p, q], eps)
                 for c in _chunk_loop(chunks):
                     for r, j in T.Parallel(1, K):
                         if base + c * K + j < N:
