@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import run
+from harness import memory, run
 
 try:
     from xdist.scheduler import LoadScopeScheduling
@@ -53,6 +53,10 @@ def addoption(group) -> None:
                     help="xdist workers sharing one GPU (default: the host's cores divided among its GPUs)")
     group.addoption("--shard", default=None, metavar="K/N",
                     help="run only shard K of N (1-based); a case's checks stay in one shard")
+    group.addoption("--gpu-memory", default=None, metavar="SIZE",
+                    help="GPU memory the run may use per GPU, e.g. 24GiB (default: what is free when the run "
+                         "starts, less a reserve); each process is capped at it too, so a larger card behaves "
+                         "as one of this size")
 
 
 # -- worker count and pinning -------------------------------------------------------------------
@@ -121,11 +125,15 @@ def plan_workers(config) -> None:
         return
     gpus = visible_gpus()
     cores = _cores()
+    budgets = gpu_budgets(config, gpus)
     if asked in (None, "auto", "logical"):
         per_gpu = config.getoption("workers_per_gpu") or max(1, cores // max(1, len(gpus)))
+        if budgets and not config.getoption("workers_per_gpu"):  # no more workers than the memory holds
+            per_gpu = min(memory.workers_for(b, per_gpu) for b in budgets.values())
         count = per_gpu * len(gpus) if gpus else max(1, cores)
     else:
         count = int(asked)
+    config._normdiff_gpu_budgets = budgets  # noqa: SLF001 (the Controller writes each GPU's ledger)
     specs = [f"popen//env:CUDA_VISIBLE_DEVICES={gpus[i % len(gpus)]}" if gpus else "popen" for i in range(count)]
     config.option.numprocesses = None  # xdist would replace the specs with plain popen
     config.option.tx = specs
@@ -139,6 +147,22 @@ def plan_workers(config) -> None:
         registry.load_all(config.getoption("backend_file"))
         limit = config.getoption("crash_limit") * max(1, len(registry.backends())) * 2 + 2 * count
         config.option.maxworkerrestart = str(limit)
+
+
+def gpu_budgets(config, gpus: list[str]) -> dict[str, int]:
+    """GPU token -> the bytes its workers may hold together (harness.memory.default_budget)."""
+    asked = config.getoption("gpu_memory")
+    try:
+        size = memory.parse_size(asked) if asked else None
+    except ValueError as exc:
+        raise pytest.UsageError(f"--gpu-memory: {exc}") from exc
+    measured = memory.measure_gpus(gpus) if gpus else {}
+    out = {}
+    for token, (free, total) in measured.items():
+        if size and size > total:
+            raise pytest.UsageError(f"--gpu-memory {asked} is more than GPU {token}'s {memory.fmt(total)}")
+        out[token] = memory.default_budget(free, size)
+    return out
 
 
 def worker_id(config) -> str | None:
@@ -297,7 +321,8 @@ class CallWatch:
             self.note(phase=phase, kernel=kernel, case=case, fatal=message)
             self.fault.flush()
             os._exit(70)
-        self.fatal = {"kind": "crashed", "detail": message, "where": f"{kernel} on {case}" if kernel else self.nodeid,
+        kind = "out of memory" if memory.is_oom_text(message) else "crashed"
+        self.fatal = {"kind": kind, "detail": message, "where": f"{kernel} on {case}" if kernel else self.nodeid,
                       "worker": "this process", "kernel": kernel, "case": case, "phase": phase}
 
 
@@ -336,7 +361,7 @@ def classify(note: dict, fault: str, worker: str) -> dict:
     """The failure kind and its first line, from a dead worker's note and fault output."""
     where = f"{note.get('kernel', '?')} on {note.get('case', '?')}" if note.get("kernel") else "outside a kernel call"
     if note.get("fatal"):
-        kind, detail = "crashed", note["fatal"]
+        kind, detail = ("out of memory" if memory.is_oom_text(note["fatal"]) else "crashed"), note["fatal"]
     elif "Timeout (" in fault:
         phase = note.get("phase", "test")
         kind = "hung" if phase != "compile" else "compile timeout"
@@ -360,9 +385,46 @@ class Controller:
         self.dir = Path(tempfile.mkdtemp(prefix="normdiff-workers-"))
         self.limit = config.getoption("crash_limit")
         self.crashes: Counter = Counter()
+        self.budgets = getattr(config, "_normdiff_gpu_budgets", {}) or {}
+        for token, budget in self.budgets.items():
+            memory.GpuLedger.create(memory.ledger_path(self.dir, token), budget)
+        self.oom_retried: set[str] = set()
 
     def pytest_configure_node(self, node):
         node.workerinput["normdiff_dir"] = str(self.dir)
+        token = (node.gateway.spec.env or {}).get("CUDA_VISIBLE_DEVICES")
+        if token in self.budgets:
+            node.workerinput["normdiff_gpu"] = token
+            specs = self.config.option.tx or []
+            node.workerinput["normdiff_workers_on_gpu"] = sum(1 for s in specs if s.endswith(f"={token}")) or 1
+
+    def read(self, worker: str, suffix: str) -> str:
+        try:
+            return (self.dir / f"{worker}.{suffix}").read_text()
+        except OSError:
+            return ""
+
+    def retry_alone(self, worker: str, crashitem: str) -> bool:
+        """A worker died of a sticky out-of-memory in ``crashitem``: the first time, the check goes
+        back to the queue to run alone on its GPU (harness.memory_watch reads alone.json), and
+        the event is recorded; the second time it is charged (as *out of memory*)."""
+        try:
+            note = json.loads(self.read(worker, "note") or "{}")
+        except json.JSONDecodeError:
+            return False
+        if note.get("nodeid") != crashitem or not memory.is_oom_text(note.get("fatal")):
+            return False
+        if crashitem in self.oom_retried:
+            return False
+        self.oom_retried.add(crashitem)
+        tmp = self.dir / "alone.json.tmp"
+        tmp.write_text(json.dumps(sorted(self.oom_retried)))
+        os.replace(tmp, self.dir / "alone.json")
+        rec = self.state.records.setdefault(crashitem, {})
+        rec.setdefault("oom_events", []).append(
+            {"attempt": "first try (sticky: the worker's CUDA context was lost)", "message": note["fatal"][:400],
+             "asked": memory.requested_bytes(note["fatal"]), "worker": worker})
+        return True
 
     def pytest_xdist_node_collection_finished(self, node, ids):
         path = self.dir / f"{node.gateway.id}.collection.json"
@@ -373,22 +435,24 @@ class Controller:
     def pytest_handlecrashitem(self, crashitem, report, sched):
         worker = report.node.gateway.id
 
-        def read(suffix):
-            try:
-                return (self.dir / f"{worker}.{suffix}").read_text()
-            except OSError:
-                return ""
-
         try:
-            note = json.loads(read("note") or "{}")
+            note = json.loads(self.read(worker, "note") or "{}")
         except json.JSONDecodeError:
             note = {}
         if note.get("nodeid") not in (None, crashitem):
             note = {}
-        crash = classify(note, read("fault"), worker)
+        crash = classify(note, self.read(worker, "fault"), worker)
         kernel = crash["kernel"] or (self.state.records.get(crashitem) or {}).get("kernel")
         report.longrepr = f"{crash['kind']}: {crash['detail']} ({crash['where']}, worker {worker})"
         self.state.crashes[crashitem] = crash
+        if crash["kind"] == "out of memory":  # a resource event, not the kernel's: never a failure
+            self.state.records.setdefault(crashitem, {}).setdefault("oom_events", []).append(
+                {"attempt": "alone (sticky)", "message": crash["detail"][:400],
+                 "asked": memory.requested_bytes(crash["detail"]), "worker": worker})
+            report.outcome = "skipped"
+            report.longrepr = (crashitem.split("::")[0], 0, f"Skipped: out of memory: {crash['detail']} "
+                               f"({crash['where']}, worker {worker}); retried alone and out of memory again")
+            return
         if kernel:
             self.crashes[kernel] += 1
             if self.crashes[kernel] >= self.limit:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import compare, isolation, properties, scheduling
+from harness import compare, isolation, memory_watch, properties, scheduling
 from harness.run import (STATE, backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir,
                          split_names, write_partial)
 from harness.cases import DTYPES, Case, backward_catalogue, catalogue
@@ -193,6 +193,11 @@ class HarnessState:
         self._last_outputs[result.kernel] = mine
         return found
 
+    def forget_case(self) -> None:
+        """Drop the last case's inputs, oracle and kept outputs (its checks are over here)."""
+        self.oracle.forget()
+        self._last_case, self._last_outputs, self._last_scales = None, {}, None
+
     def add_agreement(self, op, dtype, a, b, d, case_id) -> None:
         add_agreement_cell(self.agreement.setdefault((op, dtype, a, b), [0.0, 0, ""]), d, 1, case_id)
 
@@ -302,6 +307,10 @@ class HarnessState:
                         self.add_agreement(*cell)
                 elif name == "normdiff_compiled":
                     self.compiled.append(value)
+        if report.when == "teardown":  # what the check left allocated (harness.memory_watch)
+            for name, value in report.user_properties:
+                if name == "normdiff_after" and report.nodeid in self.records:
+                    self.records[report.nodeid].update(value)
         if report.when != "call" and report.passed:
             return
         rec = self.records.get(report.nodeid)
@@ -321,7 +330,9 @@ class HarnessState:
         if crash is None and self.watch is not None and self.watch.fatal and report.when == "call":
             crash = self.crashes[report.nodeid] = self.watch.fatal
             self.session.shouldstop = f"{crash['detail']}: the CUDA context is unusable"
-        if crash is not None:
+        if crash is not None and crash["kind"] == "out of memory":
+            rec.update(outcome="out of memory", crash=crash, reason=crash["detail"])
+        elif crash is not None:
             rec.update(outcome="failed", failure_kind=crash["kind"], crash=crash,
                        message=str(report.longrepr))
         elif report.skipped and hasattr(report, "wasxfail"):  # a declared known issue, failing as declared
@@ -329,7 +340,9 @@ class HarnessState:
         elif report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             reason = reason.removeprefix("Skipped: ")
-            rec.update(outcome="not run" if reason.startswith(isolation.NOT_RUN) else "skipped", reason=reason)
+            outcome = ("not run" if reason.startswith(isolation.NOT_RUN) else
+                       "out of memory" if reason.startswith(memory_watch.OOM) else "skipped")
+            rec.update(outcome=outcome, reason=reason)
         elif rec.get("outcome") != "failed":
             rec["outcome"] = report.outcome
             if report.failed and "message" not in rec:
@@ -374,6 +387,9 @@ def pytest_configure(config):
         config.pluginmanager.register(state.controller, "normdiff-controller")
     elif not is_benchmark_run(config):
         state.watch = isolation.CallWatch(config)
+        memory_watch.register_cache(lambda: (state.oracle, state._last_outputs, state._last_scales),  # noqa: SLF001
+                                    state.forget_case)
+        config.pluginmanager.register(memory_watch.MemoryWatch(config, state), "normdiff-memory")
     _start_profile(config)
 
 

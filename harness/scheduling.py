@@ -165,6 +165,9 @@ class CaseScheduling(LoadScopeScheduling):
         if not pending:
             return None
         crashitem = pending[0]
+        controller = self.state.controller
+        if controller is not None and controller.retry_alone(node.gateway.id, crashitem):
+            crashitem = None  # an out-of-memory that broke the context: run again, alone (once)
         for unit in workload.values():
             unit.pop(crashitem, None)  # reported as crashed by the controller, never re-run
         self.workqueue.update({s: u for s, u in workload.items() if not all(u.values())})

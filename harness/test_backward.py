@@ -7,12 +7,20 @@ A kernel without a backward is skipped with that reason (``<name> has no backwar
 """
 import pytest
 
-from harness import compare_backward, properties, runner
+from harness import compare_backward, memory_watch, properties, runner
 from harness.plugin import expect_known_issue, record
 from harness.run import STATE
 
 _ORACLE = runner.BackwardOracleCache()  # one per process: a case's checks run one after another
 _LAST: dict = {"case": None, "grads": {}, "allowances": {}}  # the last case here: its kernels' gradients, its allowances
+
+
+def _forget() -> None:
+    _ORACLE.forget()
+    _LAST.update(case=None, grads={}, allowances={})
+
+
+memory_watch.register_cache(lambda: (_ORACLE, _LAST), _forget)
 
 
 def pytest_generate_tests(metafunc):

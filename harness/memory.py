@@ -1,0 +1,370 @@
+"""GPU memory: what a check needs, what the workers sharing a GPU may hold together, and an
+out-of-memory told apart from a kernel's failure.
+
+- **Estimate** (``check_estimate``): the device bytes a check needs at its peak, from its case
+  (x, the outputs and statistics, the guards' canaried buffers and input snapshot, the float64
+  oracle or its row chunks, the comparison's float64 temporaries, the outputs kept for the
+  agreement matrix) and the kernel's own workspace (``NormKernel.workspace_bytes``). The formula
+  is ``ESTIMATE_DOC`` below; tests/test_memory.py holds it against measured allocations.
+- **Budget** (``GpuLedger``): the workers of one GPU admit checks against one budget, by default
+  the card's free memory when the run starts less a reserve (``--gpu-memory`` sets it). Each worker's
+  entry counts what it holds between checks (its CUDA context and the caching allocator's
+  reserved memory: cached oracle and kept outputs included) and, while a check runs, that
+  check's estimate. A check that does not fit waits; one that fits nowhere beside others runs
+  when no other check is running; a check retried after an out-of-memory runs alone.
+- **Out of memory** (``is_oom``, ``requested_bytes``): an OOM is a resource event, recorded with
+  the bytes asked for, the estimate and the budget, and retried once alone (harness.memory_watch).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIB, GIB = 2**20, 2**30
+# A worker's CUDA context, library handles and loaded modules: memory outside the caching
+# allocator that each process on a GPU holds.
+CONTEXT_BYTES = 640 * MIB
+# Left out of the default budget: compile caches, the allocator's rounding and fragmentation.
+RESERVE_FRACTION, RESERVE_MIN = 0.05, 1 * GIB
+# A GPU worker needs at least this much of the budget besides its context (the worker count).
+WORKER_MIN_BYTES = 1 * GIB
+FAKE_MEMORY_ENV = "NORMDIFF_FAKE_GPU_MEMORY"  # "FREE,TOTAL" bytes: the free memory the run start sees (tests)
+
+# -- sizes ------------------------------------------------------------------------------------
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``24GiB``, ``40GB``, ``512MiB``, ``1.5TiB`` or a plain count."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m and m.group(2).lower()
+    if not m or unit not in _UNITS:
+        raise ValueError(f"not a memory size: {text!r} (e.g. 24GiB, 40GB, 512MiB)")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"a memory size must be positive: {text!r}")
+    return value
+
+
+def fmt(n: float | None) -> str:
+    if n is None:
+        return "-"
+    if abs(n) >= GIB / 4:
+        return f"{n / GIB:.2f} GiB"
+    return f"{n / MIB:.0f} MiB" if abs(n) >= MIB else f"{n / 1024:.0f} KiB"
+
+
+# -- the estimate -------------------------------------------------------------------------------
+# Per element of the compared output, the float64 temporaries a comparison holds at once
+# (harness.compare.compare: o, err, u, allowed, ratio, score and where()'s result; the
+# rounding contract's and the agreement's as many again at most).
+COMPARE_F64 = 10
+# The float64 oracle while it is computed (harness/impls reference: x64, x - mean, its square, y).
+ORACLE_F64 = 4
+# A kernel that declares no workspace: a y of its own and two float32 copies of x (an eager
+# composite upcasts, a compiled graph keeps float32 intermediates).
+DEFAULT_WORKSPACE_F32 = 2
+SMALL_TEST_BYTES = 64 * MIB  # a check on fixed small inputs (bad input, output shapes, offline compile)
+FUZZ_BYTES = 256 * MIB  # a drawn case (harness/test_fuzz: at most 2**16 elements each)
+
+ESTIMATE_DOC = """\
+E = rows x N elements, S = rows x (N + pad) stored, B = the dtype's bytes, R = rows, C = the
+elements judged at once (E, or a row chunk of ORACLE_CHUNK_ELEMENTS beyond ORACLE_WHOLE_ELEMENTS);
+peers = the run's other kernels of the op (the agreement matrix keeps their outputs; whole oracles only).
+  inputs     S*B (x) + 2*N*B (weight, bias); backward: + S*B (dy) + S*B (the guard's snapshot of dy)
+  snapshot   S*B + 2*N*B (guards.snapshot_inputs)
+  outputs    R*(N+16)*B + 8*R (canaried y or dx, mean, rstd) + the kernel's workspace
+             (NormKernel.workspace_bytes; default E*B + 2*4*E + 8*R: a y of its own, float32 copies)
+  oracle     8*E + 16*R kept (whole oracles); backward: 3*8*E (dx, x^, g)
+  work       max(ORACLE_F64, COMPARE_F64) * 8*C (float64 temporaries of making or judging)
+  kept       per peer R*(N+16)*B + 8*R (+ 8*E for a rounding contract's extra in 16-bit with a
+             weight; backward: dx, dw, db), + 8*E (the agreement's allowance)
+determinism: inputs + 3 x outputs (two calls and the bit comparison) + workspace;
+batch invariance: inputs + 3 x outputs + workspace; drawn cases FUZZ_BYTES; small checks SMALL_TEST_BYTES.
+"""
+
+
+@dataclass
+class Estimate:
+    total: int
+    parts: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} {fmt(v)}" for k, v in self.parts.items() if v)
+
+
+def _whole_and_chunk(case) -> tuple[bool, int]:
+    from harness.runner import ORACLE_CHUNK_ELEMENTS, ORACLE_WHOLE_ELEMENTS
+
+    e = case.rows * case.n
+    if e > ORACLE_WHOLE_ELEMENTS:
+        return False, max(1, ORACLE_CHUNK_ELEMENTS // case.n) * case.n
+    return True, e
+
+
+def check_estimate(test: str, case, kernel, peers=(), device: str = "cuda") -> Estimate:
+    """The device bytes check ``test`` of ``kernel`` on ``case`` needs at its peak (ESTIMATE_DOC);
+    ``peers``: the run's other kernels of the op, whose outputs the agreement matrix may keep."""
+    if case is None or test in ("test_rejects_bad_input", "test_empty_batch_returns_empty_outputs",
+                                "test_output_shapes_follow_input", "test_compiles_offline"):
+        return Estimate(SMALL_TEST_BYTES, {"fixed": SMALL_TEST_BYTES})
+    if test in ("test_fuzz", "test_fuzz_backward"):
+        return Estimate(FUZZ_BYTES, {"fixed": FUZZ_BYTES})
+    b, n, r = case.torch_dtype.itemsize, case.n, case.rows
+    e, s = r * n, r * (n + case.row_pad)
+    backward = test.startswith("test_backward")
+    inputs = s * b + 2 * n * b + (2 * s * b if backward else 0)
+    snapshot = s * b + 2 * n * b
+    outputs = r * (n + 16) * b + 8 * r
+    workspace = workspace_bytes(kernel, case, device)
+    parts = {"inputs": inputs}
+    if test in ("test_deterministic", "test_backward_deterministic", "test_batch_invariant",
+                "test_backward_batch_invariant"):
+        parts.update(outputs=3 * outputs, workspace=workspace)
+        if backward:
+            parts["saved forward"] = outputs
+        return Estimate(sum(parts.values()), parts)
+    whole, chunk = _whole_and_chunk(case)
+    oracle = (3 * 8 * e if backward else 8 * e + 16 * r) if whole else 0
+    work = max(ORACLE_F64, COMPARE_F64) * 8 * chunk + (0 if whole else 8 * chunk + 16 * chunk // n)
+    kept = sum(_kept_by(p, case, outputs, backward) for p in peers) + 8 * e if whole else 0
+    parts.update(snapshot=snapshot, outputs=outputs, workspace=workspace, oracle=oracle, work=work, kept=kept)
+    if backward:
+        parts["saved forward"] = outputs
+    return Estimate(sum(parts.values()), parts)
+
+
+def _kept_by(peer, case, outputs: int, backward: bool) -> int:
+    """What the agreement matrix keeps of another kernel that ran the case: its outputs, and
+    y's float64 extra allowance where its rounding contract has one."""
+    e = case.rows * case.n
+    if backward:
+        return outputs + 8 * case.n * 2 if getattr(peer, "has_backward", True) else 0
+    extra = (getattr(peer, "rounding", "once") != "once" and case.dtype != "float32" and case.has_weight)
+    return outputs + (8 * e if extra else 0)
+
+
+def workspace_bytes(kernel, case, device: str = "cuda") -> int:
+    """The kernel's declared workspace for the case (``NormKernel.workspace_bytes``), else the default."""
+    declared = getattr(kernel, "workspace_bytes", None)
+    if declared is not None:
+        got = declared(case.spec(device))
+        if got is not None:
+            return int(got)
+    e = case.rows * case.n
+    return e * case.torch_dtype.itemsize + DEFAULT_WORKSPACE_F32 * 4 * e + 8 * case.rows
+
+
+# -- out of memory ------------------------------------------------------------------------------
+def is_oom(exc: BaseException | None) -> bool:
+    """Whether an exception (or one it was raised from) is a device out-of-memory."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(exc, torch.OutOfMemoryError):
+            return True
+        if "out of memory" in str(exc).lower():
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def is_oom_text(text: str | None) -> bool:
+    return bool(text) and "out of memory" in text.lower()
+
+
+_ASKED = re.compile(r"[Tt]ried to allocate ([0-9.]+) ?([KMGT]i?B|bytes)")
+
+
+def requested_bytes(message: str) -> int | None:
+    """The bytes an allocation asked for, from torch's out-of-memory message."""
+    m = _ASKED.search(message or "")
+    if not m:
+        return None
+    unit = {"bytes": "b"}.get(m.group(2), m.group(2)).lower()
+    unit = unit if unit.endswith("ib") or unit == "b" else unit[0] + "ib"  # torch prints GiB as "GiB"
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+# -- the card -------------------------------------------------------------------------------------
+def measure_gpus(tokens: list[str]) -> dict[str, tuple[int, int]]:
+    """GPU token -> (free, total) bytes, each measured in a short-lived process (the controller
+    holds no CUDA context of its own). ``NORMDIFF_FAKE_GPU_MEMORY=FREE,TOTAL`` stands in."""
+    fake = os.environ.get(FAKE_MEMORY_ENV)
+    if fake:
+        free, total = (parse_size(v) for v in fake.split(","))
+        return {t: (free, total) for t in tokens}
+    out = {}
+    code = "import torch; f, t = torch.cuda.mem_get_info(); print(f, t)"
+    for t in tokens:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": t}
+        try:
+            done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+            free, total = (int(v) for v in done.stdout.split()[-2:])
+        except (subprocess.SubprocessError, ValueError, OSError):
+            continue
+        out[t] = (free, total)
+    return out
+
+
+def default_budget(free: int, asked: int | None) -> int:
+    """The budget of one GPU: ``--gpu-memory`` (``asked``) or the free memory, less the reserve."""
+    base = asked if asked else free
+    return max(0, base - max(RESERVE_MIN, int(RESERVE_FRACTION * base)))
+
+
+def workers_for(budget: int, wanted: int) -> int:
+    """How many workers one GPU takes: ``wanted`` (its share of the cores), fewer where the budget
+    cannot give each its context and WORKER_MIN_BYTES."""
+    return max(1, min(wanted, budget // (CONTEXT_BYTES + WORKER_MIN_BYTES)))
+
+
+# -- the ledger one GPU's workers share ----------------------------------------------------------
+POLL_S = 0.05
+
+
+class GpuLedger:
+    """One JSON file per GPU, read and written under an exclusive ``flock``: each worker's entry
+    holds ``held`` (context + reserved, between checks), ``need`` (the running check's estimate,
+    0 when none), ``ticket`` (when it began to wait, None when not waiting) and ``alone``."""
+
+    def __init__(self, path: Path, worker: str, budget: int | None = None):
+        self.path, self.worker = Path(path), worker
+        if budget is not None and not self.path.exists():
+            self.create(path, budget)
+        self.waited_s = 0.0
+
+    @staticmethod
+    def create(path: Path, budget: int) -> None:
+        tmp = Path(path).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"budget": budget, "workers": {}}))
+        os.replace(tmp, path)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        with open(self.path, "r+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                state = json.loads(f.read() or "{}")
+                self._prune(state)
+                yield state
+                f.seek(0)
+                f.truncate()
+                f.write(json.dumps(state))
+                f.flush()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    @property
+    def budget(self) -> int:
+        return json.loads(self.path.read_text())["budget"]
+
+    def _me(self, state: dict) -> dict:
+        me = state["workers"].setdefault(self.worker, {"held": CONTEXT_BYTES, "need": 0, "ticket": None,
+                                                       "alone": False, "need_wanted": 0})
+        me["pid"] = os.getpid()
+        return me
+
+    @staticmethod
+    def _prune(state: dict) -> None:
+        """A worker that died (a crash, a replaced worker) holds nothing any more."""
+        for name, w in list(state["workers"].items()):
+            pid = w.get("pid")
+            if pid is None or pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                del state["workers"][name]
+            except PermissionError:
+                pass
+
+    def set_held(self, held: int) -> None:
+        with self._locked() as st:
+            self._me(st)["held"] = int(held)
+
+    def leave(self) -> None:
+        with self._locked() as st:
+            st["workers"].pop(self.worker, None)
+
+    @staticmethod
+    def footprint(w: dict) -> int:
+        return max(w["held"], w["need"]) if w["need"] else w["held"]
+
+    def _fits(self, st: dict, need: int, alone: bool) -> bool:
+        me = self._me(st)
+        others = {k: w for k, w in st["workers"].items() if k != self.worker}
+        running = [w for w in others.values() if w["need"]]
+        if any(w["alone"] for w in running):
+            return False
+        if alone:
+            return not running
+        if not running:
+            # Nothing else runs: the check goes ahead whatever its size (the biggest run alone),
+            # unless an earlier waiter must run alone or first.
+            return not any(w["ticket"] is not None and w["ticket"] < me["ticket"] for w in others.values())
+        used = sum(self.footprint(w) for w in others.values())
+        mine = max(me["held"], need)
+        if used + mine > st["budget"]:
+            return False
+        # First come, first served: an earlier waiter must still fit beside this check.
+        for w in others.values():
+            if w["ticket"] is not None and w["ticket"] < me["ticket"]:
+                if w["alone"] or used + mine + max(w["held"], w.get("need_wanted", 0)) > st["budget"]:
+                    return False
+        return True
+
+    def admit(self, need: int, alone: bool = False, while_waiting=None) -> float:
+        """Wait until the check of ``need`` bytes fits, then mark it running; the seconds waited.
+        ``while_waiting()`` runs between polls (the worker hands its cached memory back) and
+        returns its new ``held``."""
+        started = time.monotonic()
+        ticket = time.time()
+        first = True
+        while True:
+            with self._locked() as st:
+                me = self._me(st)
+                if me["ticket"] is None:
+                    me["ticket"] = ticket
+                me["need_wanted"], me["alone"] = int(need), alone
+                if self._fits(st, need, alone):
+                    me.update(need=int(need), ticket=None)
+                    break
+            if first and while_waiting is not None:
+                held = while_waiting()
+                if held is not None:
+                    self.set_held(held)
+            first = False
+            time.sleep(POLL_S)
+        waited = time.monotonic() - started
+        self.waited_s += waited
+        return waited
+
+    def done(self, held: int) -> None:
+        """The check ended: its need goes, what the worker now holds stays."""
+        with self._locked() as st:
+            me = self._me(st)
+            me.update(need=0, held=int(held), ticket=None, alone=False)
+
+    def snapshot(self) -> dict:
+        with self._locked() as st:
+            return json.loads(json.dumps(st))
+
+
+def ledger_path(directory: Path, gpu: str) -> Path:
+    return Path(directory) / f"gpu{gpu}.ledger.json"
+
+
+def ceil_mib(n: float) -> int:
+    return int(math.ceil(n / MIB) * MIB)

@@ -1,0 +1,288 @@
+"""Around every check on a GPU: memory admission, the measured peak, an out-of-memory retried
+alone, and memory a kernel keeps after its call (harness.memory has the estimate and the ledger).
+
+Registered by harness.plugin in each process that runs checks (an xdist worker, or the one
+process of ``-n 0``). A check on the CPU passes through untouched.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import memory
+from harness.isolation import first_line
+from harness.memory import fmt
+
+OOM = "out of memory: "  # prefix of the skip reason of a check that ran out of memory alone too
+TOO_BIG = "out of memory, not run: "  # prefix of the skip reason of a check that cannot fit the budget
+# Memory a check leaves allocated beyond the harness's own caches, counted from this much per check.
+RETAINED_MIN = 1 * memory.MIB
+
+# What the harness keeps between the checks of one case (oracles, kept outputs): (objects, forget).
+# A test module with caches of its own registers them here (harness/test_backward.py).
+CACHES: list[tuple] = []
+
+
+def register_cache(objects, forget) -> None:
+    CACHES.append((objects, forget))
+
+
+def cache_bytes() -> int:
+    """Bytes of the CUDA tensors the registered caches hold (each storage once)."""
+    torch = sys.modules.get("torch")
+    seen: dict[int, int] = {}
+
+    def walk(obj, depth=0):
+        if depth > 6 or obj is None:
+            return
+        if isinstance(obj, torch.Tensor):
+            if obj.is_cuda:
+                st = obj.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v, depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            for v in vars(obj).values():
+                walk(v, depth + 1)
+
+    for objects, _ in CACHES:
+        walk(objects())
+    return sum(seen.values())
+
+
+def forget_caches() -> None:
+    for _, forget in CACHES:
+        forget()
+
+
+class MemoryWatch:
+    def __init__(self, config, state):
+        self.config, self.state = config, state
+        asked = config.getoption("gpu_memory")
+        self.asked = memory.parse_size(asked) if asked else None
+        self.worker = getattr(config, "workerinput", {}).get("workerid")
+        self.dir = Path(config.workerinput["normdiff_dir"]) if self.worker else None
+        self._ready = False
+        self.ledger: memory.GpuLedger | None = None
+        self.budget: int | None = None
+        self.workers_on_gpu = 1
+        self._alone: set = set()
+        self._alone_mtime = None
+        self._before = 0
+        self._case: str | None = None
+
+    # -- set-up, on the first check that runs on the GPU --------------------------------------
+    def _setup(self) -> None:
+        if self._ready:
+            return
+        self._ready = True
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        if self.asked:  # behave as a card of that size: every process's allocator capped at it
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.asked / total))
+        token = self.config.workerinput.get("normdiff_gpu") if self.worker else None
+        path = memory.ledger_path(self.dir, token) if self.dir and token is not None else None
+        if path is not None and path.exists():
+            self.ledger = memory.GpuLedger(path, self.worker)
+            self.budget = self.ledger.budget
+            self.workers_on_gpu = max(1, int(self.config.workerinput.get("normdiff_workers_on_gpu", 1)))
+        else:  # one process: the free memory now, its own context and cache included
+            self.budget = memory.default_budget(free + torch.cuda.memory_reserved() + memory.CONTEXT_BYTES, self.asked)
+
+    def _held(self) -> int:
+        import torch
+
+        return memory.CONTEXT_BYTES + torch.cuda.memory_reserved()
+
+    def _hand_back(self) -> int:
+        """While waiting for memory: the allocator's unused cache goes back to the driver."""
+        import torch
+
+        torch.cuda.empty_cache()
+        return self._held()
+
+    def _must_run_alone(self, nodeid: str) -> bool:
+        path = self.dir / "alone.json" if self.dir else None
+        if path is None or not path.exists():
+            return False
+        mtime = path.stat().st_mtime
+        if mtime != self._alone_mtime:
+            self._alone_mtime, self._alone = mtime, set(json.loads(path.read_text() or "[]"))
+        return nodeid in self._alone
+
+    # -- the check ----------------------------------------------------------------------------
+    def _subject(self, item):
+        """(record, kernel, case, device) of a check of one kernel, else None."""
+        rec = self.state.records.get(item.nodeid)
+        if not rec or "kernel" not in rec:
+            return None
+        kernel = self.state.kernel_index.get((rec["kernel"], rec["op"]))
+        if kernel is None:
+            return None
+        return rec, kernel, self.state.case_index.get(rec.get("case")), self.state.device_for(kernel)
+
+    def estimate(self, rec, kernel, case) -> memory.Estimate:
+        peers = [k for k in self.state.kernels if k.op == kernel.op and k is not kernel]
+        return memory.check_estimate(rec["test"], case, kernel, peers=peers)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem):
+        subject = self._subject(pyfuncitem)
+        if subject is None:
+            return None
+        rec, kernel, case, device = subject
+        gpu = device == "cuda"
+        est = self.estimate(rec, kernel, case)
+        fields: dict = {}
+        if gpu:
+            self._setup()
+            fields.update(mem_estimate=est.total, mem_budget=self.budget)
+            if est.total > self.budget:
+                self._record(pyfuncitem, fields)
+                pytest.skip(f"{TOO_BIG}the check needs about {fmt(est.total)} ({est.describe()}), more than this "
+                            f"GPU's budget of {fmt(self.budget)}{' (--gpu-memory)' if self.asked else ''}")
+        alone = self._must_run_alone(pyfuncitem.nodeid)
+        events: list[dict] = []
+        waited = 0.0
+        try:
+            waited += self._admit(est.total, alone, gpu)
+            self._start(gpu)
+            try:
+                _call(pyfuncitem)
+            except BaseException as exc:  # noqa: BLE001 (an out-of-memory is retried, anything else raised)
+                if not _oom(exc):
+                    raise
+                events.append(self._event(exc, est, kernel, "alone" if alone else "first try", gpu))
+                del exc
+                if alone:
+                    raise self._give_up(events) from None
+                self._free_all(gpu)
+                if self.ledger is not None:
+                    self.ledger.done(self._held())
+                waited += self._admit(est.total, True, gpu)
+                self._start(gpu)
+                try:
+                    _call(pyfuncitem)
+                except BaseException as exc:  # noqa: BLE001
+                    if not _oom(exc):
+                        raise
+                    events.append(self._event(exc, est, kernel, "alone", gpu))
+                    del exc
+                    raise self._give_up(events) from None
+        finally:
+            if gpu:
+                import torch
+
+                fields.update(mem_peak=torch.cuda.max_memory_allocated(), mem_wait_s=round(waited, 3))
+            if events:
+                fields["oom_events"] = events
+            if fields:
+                self._record(pyfuncitem, fields)
+            if self.ledger is not None:
+                self.ledger.done(self._held())
+        return True
+
+    def _start(self, gpu: bool) -> None:
+        if gpu:
+            import torch
+
+            self._before = torch.cuda.memory_allocated() - cache_bytes()
+            torch.cuda.reset_peak_memory_stats()
+
+    def _admit(self, need: int, alone: bool, gpu: bool) -> float:
+        if self.ledger is None or not gpu:
+            if alone:
+                self._free_all(gpu)
+            return 0.0
+        return self.ledger.admit(need, alone=alone, while_waiting=self._hand_back)
+
+    def _event(self, exc, est, kernel, attempt: str, gpu: bool) -> dict:
+        message = first_line(exc)
+        asked = memory.requested_bytes(str(exc))
+        event = {"attempt": attempt, "asked": asked, "estimate": est.total, "budget": self.budget,
+                 "message": message[:400]}
+        if gpu:
+            import torch
+
+            event["allocated"] = torch.cuda.memory_allocated()
+        limit = est.total
+        if asked is not None and asked > limit:
+            event["over_allocation"] = (f"{kernel.name} asked for {fmt(asked)} in one allocation, more than its "
+                                        f"check's whole estimate of {fmt(limit)} (workspace included)")
+        return event
+
+    def _give_up(self, events: list) -> BaseException:
+        last = events[-1]
+        return pytest.skip.Exception(
+            f"{OOM}{last['message'][:200]} (asked {fmt(last['asked'])}, estimate {fmt(last['estimate'])}"
+            + (f", budget {fmt(last['budget'])}" if last["budget"] else "")
+            + "); retried alone and out of memory again: not a result of the kernel's",
+            allow_module_level=False)
+
+    def _free_all(self, gpu: bool) -> None:
+        forget_caches()
+        gc.collect()
+        if gpu:
+            import torch
+
+            torch.cuda.empty_cache()
+
+    @staticmethod
+    def _record(item, fields: dict) -> None:
+        item.user_properties.append(("normdiff", fields))
+
+    # -- after the check ------------------------------------------------------------------------
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        yield
+        subject = self._subject(item) if self._ready else None
+        if subject is None or subject[3] != "cuda":
+            return
+        import torch
+
+        rec = subject[0]
+        nxt = self.state.records.get(nextitem.nodeid, {}) if nextitem is not None else {}
+        if nxt.get("case") != rec.get("case"):
+            forget_caches()  # the next check draws another case: its inputs and oracle go now
+        retained = torch.cuda.memory_allocated() - cache_bytes() - self._before
+        if retained >= RETAINED_MIN:
+            gc.collect()
+            retained = torch.cuda.memory_allocated() - cache_bytes() - self._before
+        if retained >= RETAINED_MIN:
+            item.user_properties.append(("normdiff_after", {"mem_retained": retained}))
+        keep = (self.budget or 0) // (8 * self.workers_on_gpu)
+        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > keep:
+            torch.cuda.empty_cache()
+        if self.ledger is not None:
+            self.ledger.set_held(self._held())
+
+
+def _oom(exc: BaseException) -> bool:
+    """An out-of-memory to retry (pytest's own outcomes never are)."""
+    if isinstance(exc, (pytest.skip.Exception, pytest.fail.Exception, pytest.xfail.Exception)):
+        return False
+    return memory.is_oom(exc)
+
+
+def _call(pyfuncitem) -> None:
+    """The test function with its fixtures, as pytest's own pytest_pyfunc_call calls it."""
+    funcargs = pyfuncitem.funcargs
+    testargs = {arg: funcargs[arg] for arg in pyfuncitem._fixtureinfo.argnames}  # noqa: SLF001
+    pyfuncitem.obj(**testargs)
+
+
+def oom_wait_summary(records) -> dict:
+    """Seconds checks waited for memory, and how many waited at all."""
+    waits = [r.get("mem_wait_s") or 0.0 for r in records]
+    return {"total_s": round(sum(waits), 1), "checks": sum(1 for w in waits if w > 0.01),
+            "longest_s": round(max(waits, default=0.0), 1)}
+
