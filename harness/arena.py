@@ -27,18 +27,21 @@ class Arena:
             self.buf = torch.empty(self.ALIGN, dtype=torch.uint8, device=device)
 
     @classmethod
-    def for_shapes(cls, shapes, device: str) -> "Arena":
+    def for_shapes(cls, shapes, device: str, room: int | None = None) -> "Arena":
         """The one buffer every benchmark on ``device`` takes its x, parameters and outputs from,
         sized for the largest of ``shapes`` and allocated once. Nothing is handed back to the
         driver during the session (no ``empty_cache``): after tens of GB were freed, the next
         kernel timed ran slow for a fraction of a second, longer than the settle step, while the
-        placement of x made no difference (docs/perf-notes.md)."""
+        placement of x made no difference (docs/perf-notes.md). ``room``: bytes of the memory
+        budget left beside the largest shape; the allocator's fill stays within it."""
         arena = cls(max((cls.layout(s)[1] for s in shapes), default=0), device)
         if device == "cuda":
             # What kernels allocate themselves (eager's y, a compiled graph's buffers) comes from
             # the caching allocator: fill it once with memory already mapped and written, so no
             # shape of either pass is the first to use fresh memory.
             biggest = max((2 * s.m * s.n * DTYPES[s.dtype].itemsize for s in shapes), default=0)
+            if room is not None:
+                biggest = max(0, min(biggest, room))
             try:
                 torch.empty(biggest, dtype=torch.uint8, device=device).fill_(0)
                 arena.prefilled = biggest

@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from harness import bench_backward, run, timing
+from harness import bench_backward, memory, run, timing
 from harness.arena import Arena
 from harness.cases import DTYPES, Case, make_inputs
 from harness.guards import nan_count
 from harness.runner import device_for, judge
-from harness.shapes import (BACKWARD_BENCH_N, BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, QUICK_BACKWARD,
+from harness.shapes import (BACKWARD_BENCH_N, BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, HEADLINE_BACKWARD_N,
+                            HEADLINE_BANDWIDTH_N, HEADLINE_DECODE, HEADLINE_DTYPES, HEADLINE_LONG_N, QUICK_BACKWARD,
                             QUICK_BANDWIDTH, QUICK_DECODE, bandwidth_rows)
 from impls import native
 from impls.base import DEFAULT_EPS, OPS, NormKernel, NormOutputs, NormSpec, UnsupportedCase
@@ -53,8 +54,7 @@ CPU_ROUNDS, CPU_WARMUP = 15, 2
 
 # Correctness on a sample of rows: at most this many elements go through the float64 oracle.
 CHECK_ELEMENTS = 2**22
-# Device memory a benchmark may plan to use, as a fraction of what is free.
-MEMORY_FRACTION = 0.8
+PROGRESS_S = 20.0  # seconds between progress lines
 
 CONTEXT = pytest.StashKey["BenchContext"]()
 
@@ -88,10 +88,15 @@ class BenchItem:
         return self.id
 
 
-def sweep(profile: str, ops, dtypes, repeat: int = 1) -> list[BenchShape]:
-    """The shapes in run order: each bandwidth pass, then the decode regime, then the backward."""
+def sweep(profile: str, ops, dtypes, repeat: int = 1, bench_set: str = "full") -> list[BenchShape]:
+    """The shapes in run order: each bandwidth pass, then the decode regime, then the backward.
+    The full profile's ``bench_set``: "full" (the whole sweep) or "headline" (shapes.HEADLINE_*)."""
     shapes = []
-    if profile == "full":
+    if profile == "full" and bench_set == "headline":
+        bandwidth = [(bandwidth_rows(n), n) for n in HEADLINE_BANDWIDTH_N + HEADLINE_LONG_N]
+        decode = list(HEADLINE_DECODE)
+        backward = [(bandwidth_rows(n), n) for n in HEADLINE_BACKWARD_N]
+    elif profile == "full":
         bandwidth = [(bandwidth_rows(n), n) for n in BANDWIDTH_N + BENCH_LONG_N]
         decode = [(m, n) for n in DECODE_N for m in DECODE_M]
         backward = [(bandwidth_rows(n), n) for n in BACKWARD_BENCH_N]
@@ -124,6 +129,9 @@ def pytest_addoption(parser):
                     help="timed rounds per benchmark (default: 40 bandwidth, 50 decode, 15 on the CPU)")
     group.addoption("--bench-baseline", default="torch.eager", metavar="KERNEL",
                     help="backend.variant the speedups are relative to (default torch.eager)")
+    group.addoption("--bench-set", default="headline", choices=("headline", "full"),
+                    help="on a GPU: the headline shapes, every regime, minutes (default; bfloat16 unless --dtype "
+                         "is given), or the full sweep (every N, decode M and dtype)")
 
 
 def pytest_configure(config):
@@ -136,12 +144,15 @@ def pytest_generate_tests(metafunc):
         return
     state = metafunc.config.stash[run.STATE]
     ops = [op for op in OPS if any(k.op == op for k in state.kernels)]
-    dtypes = run.split_names(state.selection["dtype"], tuple(DTYPES), "dtype") or tuple(DTYPES)
+    bench_set = metafunc.config.getoption("bench_set")
+    given = metafunc.config.getoption("dtype")
+    default = HEADLINE_DTYPES if bench_set == "headline" and state.profile == "full" else tuple(DTYPES)
+    dtypes = run.split_names(given, tuple(DTYPES), "dtype") or tuple(DTYPES) if given else default
     repeat = max(1, metafunc.config.getoption("bench_repeat"))
     baseline = metafunc.config.getoption("bench_baseline")
     params = [
         pytest.param(it, id=it.id, marks=pytest.mark.benchmark(group=it.shape.group, timer=timing.CLOCK))
-        for it in items(sweep(state.profile, ops, dtypes, repeat), state.kernels, baseline)
+        for it in items(sweep(state.profile, ops, dtypes, repeat, bench_set), state.kernels, baseline)
     ]
     metafunc.parametrize("bench_item", params)
 
@@ -164,6 +175,8 @@ class BenchContext:
     _ceiling: dict = field(default_factory=dict)  # device -> (GB/s, how)
     _gpu: timing.GpuTools | None = None
     _arenas: dict = field(default_factory=dict)  # device -> Arena
+    _budget: int | None = None
+    _progress_at: float = field(default_factory=time.time)
     _inputs_key: tuple | None = None
     _inputs: tuple | None = None
     _last_write: float = field(default_factory=time.time)
@@ -196,6 +209,20 @@ class BenchContext:
         if report.when == "call":
             self.done += 1
             run.write_partial(self)
+            self.progress()
+
+    def progress(self) -> None:
+        """Every PROGRESS_S: benchmarks done of those collected, elapsed, an estimate of what is left."""
+        now = time.time()
+        if now - self._progress_at < PROGRESS_S or not self.items:
+            return
+        self._progress_at = now
+        elapsed = now - self.started
+        left = elapsed / max(1, self.done) * (len(self.items) - self.done)
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.write_line(f"normdiff benchmarks: {self.done}/{len(self.items)} done, {len(self.skipped)} skipped, "
+                          f"{len(self.failed)} failed, {elapsed:.0f} s elapsed, about {left:.0f} s left")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_benchmark_update_json(self, config, benchmarks, output_json):
@@ -222,11 +249,38 @@ class BenchContext:
             self._ceiling[device] = timing.copy_ceiling_gbps(device, self.gpu() if device == "cuda" else None)
         return self._ceiling[device]
 
+    def budget(self) -> int:
+        """Device bytes the benchmarks may use: ``--gpu-memory`` (each process capped at it too) or
+        what is free at the first GPU benchmark, less a reserve (harness.memory.default_budget)."""
+        if self._budget is None:
+            asked = self.config.getoption("gpu_memory")
+            asked = memory.parse_size(asked) if asked else None
+            free, total = torch.cuda.mem_get_info()
+            if asked:
+                torch.cuda.set_per_process_memory_fraction(min(1.0, asked / total))
+            self._budget = memory.default_budget(free + torch.cuda.memory_reserved(), asked)
+        return self._budget
+
+    def fits(self, s: BenchShape) -> str | None:
+        """Why a shape cannot run within the budget, or None."""
+        need = shape_need(s)
+        if need <= self.budget():
+            return None
+        return (f"out of memory, not run: {s.group} needs about {memory.fmt(need)} (inputs, outputs, the "
+                f"oracle's sample), more than the budget of {memory.fmt(self.budget())}")
+
     def arena(self, device: str) -> Arena:
-        """The one buffer every benchmark on ``device`` takes its tensors from (Arena.for_shapes)."""
+        """The one buffer every benchmark on ``device`` takes its tensors from (Arena.for_shapes),
+        sized for the largest shape that fits the budget, and the allocator's fill within it."""
         if device not in self._arenas:
             shapes = [it.shape for it in self.items.values() if device_for(it.kernel) == device]
-            self._arenas[device] = Arena.for_shapes(shapes, device)
+            room = None
+            if device == "cuda":
+                shapes = [s for s in shapes if self.fits(s) is None]
+                # the fill is the memory a kernel's own y takes: shape_need counts it, the room excludes it
+                room = self.budget() - max((shape_need(s) - 2 * s.m * s.n * DTYPES[s.dtype].itemsize
+                                            for s in shapes), default=0)
+            self._arenas[device] = Arena.for_shapes(shapes, device, room)
         return self._arenas[device]
 
     def inputs(self, s: BenchShape, device: str):
@@ -325,22 +379,42 @@ def runnable_spec(k: NormKernel, s: BenchShape) -> tuple[NormSpec, str]:
     return spec, device
 
 
+def shape_need(s: BenchShape) -> int:
+    """Device bytes one benchmark of ``s`` needs: its arena layout, a y and statistics a kernel may
+    allocate itself (twice: eager's result and a copy), the oracle's float64 sample; the backward
+    adds dy, dx and the screen's float64 reference over all rows."""
+    e, b = s.m * s.n, DTYPES[s.dtype].itemsize
+    need = Arena.layout(s)[1] + 2 * e * b + 4 * CHECK_ELEMENTS * 8
+    if s.regime == "backward":
+        need += 2 * e * b + 6 * 8 * e
+    return need
+
+
 def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
-    if item.shape.regime == "backward":
-        return bench_backward.run_backward(item, benchmark, ctx)
+    """One benchmark; a shape beyond the budget is skipped up front, and an out-of-memory is a
+    resource event (a skip that says so), never the kernel's failure."""
+    if device_for(item.kernel) == "cuda":
+        why = ctx.fits(item.shape)
+        if why:
+            pytest.skip(why)
+    try:
+        if item.shape.regime == "backward":
+            return bench_backward.run_backward(item, benchmark, ctx)
+        return _run_forward(item, benchmark, ctx)
+    except Exception as exc:
+        if not memory.is_oom(exc) or isinstance(exc, (pytest.skip.Exception, pytest.fail.Exception)):
+            raise
+        message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    pytest.skip(f"out of memory: {message} (budget {memory.fmt(ctx.budget())}); not a result of the kernel's")
+
+
+def _run_forward(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     k, s = item.kernel, item.shape
     spec, device = runnable_spec(k, s)
     dtype = DTYPES[s.dtype]
     layer = s.op == "layer_norm"
-    if device == "cuda":
-        arena = ctx.arena(device)
-        # x and y (outside an arena that holds them), a y the kernel may allocate itself, the
-        # oracle's sample.
-        own = 0 if Arena.layout(s)[1] <= arena.buf.numel() else 2 * s.m * s.n * dtype.itemsize
-        need = own + s.m * s.n * dtype.itemsize + 4 * CHECK_ELEMENTS * 8
-        free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-        if need > MEMORY_FRACTION * free:
-            pytest.skip(f"needs about {need / 2**30:.1f} GiB of device memory, {free / 2**30:.1f} GiB free")
     ceiling_gbps, _ = ctx.ceiling(device)
     x, w, b = ctx.inputs(s, device)
     b = b if layer else None

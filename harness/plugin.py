@@ -35,7 +35,9 @@ def pytest_addoption(parser):
         help="a Python file that registers kernels of an outside backend (repeatable)",
     )
     group.addoption("--op", default="all", help="all, rms_norm or layer_norm (comma-separated)")
-    group.addoption("--dtype", default="all", help="all, or float32,float16,bfloat16 (comma-separated)")
+    group.addoption("--dtype", default=None,
+                    help="all, or float32,float16,bfloat16 (comma-separated); default: all (the benchmarks' "
+                         "headline set: bfloat16)")
     group.addoption(
         "--profile", default=None, choices=("quick", "full"),
         help="case catalogue size; default: full with a GPU, quick without",
@@ -362,7 +364,7 @@ def pytest_configure(config):
     backends = split_names(",".join(registry.expand(list(named))), tuple(registry.backends()), "backend") \
         if named else None
     ops = split_names(config.getoption("op"), OPS, "op")
-    dtypes = split_names(config.getoption("dtype"), tuple(DTYPES), "dtype")
+    dtypes = split_names(config.getoption("dtype") or "all", tuple(DTYPES), "dtype")
     profile = config.getoption("profile") or ("full" if torch.cuda.is_available() else "quick")
     kernels = [k for k in registry.kernels(list(backends) if backends else None) if ops is None or k.op in ops]
     wanted = lambda c: (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)  # noqa: E731
@@ -371,9 +373,10 @@ def pytest_configure(config):
         "backend": config.getoption("backend"),
         "backend_file": config.getoption("backend_file"),
         "op": config.getoption("op"),
-        "dtype": config.getoption("dtype"),
+        "dtype": config.getoption("dtype") or "all",
         "profile": profile,
         "fuzz_seed": config.getoption("fuzz_seed"),
+        "gpu_memory": config.getoption("gpu_memory"),
     }
     state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config,
                          backward_cases=backward_cases, batch_cases=properties.batch_cases(profile),

@@ -49,6 +49,14 @@ QUICK_DECODE = ((8, 4096),)
 # Backward regime: the row lengths of the backward targets, M as in the bandwidth regime.
 BACKWARD_BENCH_N = (1024, 2048, 4096, 8192)
 QUICK_BACKWARD = ((256, 1024),)
+# The headline set: what a plain `pytest --benchmark-only` times on a GPU (minutes, every regime:
+# bandwidth at a short, a padded and a long N, the host columns at N 1024 and decode, long rows,
+# decode, backward); `--bench-set full` the whole sweep above. Without --dtype: HEADLINE_DTYPES.
+HEADLINE_BANDWIDTH_N = (1024, 4000, 8192)
+HEADLINE_LONG_N = (131072,)
+HEADLINE_DECODE = ((1, 4096), (64, 4096))
+HEADLINE_BACKWARD_N = (4096,)
+HEADLINE_DTYPES = ("bfloat16",)
 
 
 def bandwidth_rows(n: int) -> int:

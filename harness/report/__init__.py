@@ -15,7 +15,7 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.report import properties
+from harness.report import memory, properties
 
 SCHEMA = 3  # 3: optional "compiled" (kernels compiled, maybe not run); 2: agreement in allowed errors; 1: in ulps
 # Two kernels whose y differ by more than one allowed error (each may err by one, in opposite
@@ -42,6 +42,8 @@ def build_document(*, records, agreement, backends, selection, environment, comm
         # Kernels compiled for a target without running (e.g. TileLang for sm_90 on a CPU
         # machine), with what the compiler reports per kernel: see render_compiled.
         "compiled": list(compiled),
+        # Failed and out-of-memory checks grouped by kind and masked message (every record stays above).
+        "failure_groups": memory.groups(rows),
     }
 
 
@@ -238,8 +240,10 @@ def render_markdown(doc: dict) -> str:
     known = total["known issue"]
     kinds = Counter(r["failure_kind"] for r in records if r.get("outcome") == "failed" and r.get("failure_kind"))
     not_run = total["not run"]
+    oom = total["out of memory"]
     lines.append(
         f"**{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped"
+        + (f", {oom} out of memory (retried alone and out of memory again: neither passed nor failed)" if oom else "")
         + (f", {known} known issues (declared, failing as declared)" if known else "")
         + (f", {not_run} not run (their kernel crashed too often)" if not_run else "")
         + f"** ({sum(total.values())} checks)."
@@ -251,7 +255,7 @@ def render_markdown(doc: dict) -> str:
                   + (" (crashed, hung, compile timeout: the kernel killed or stalled its worker; each check was "
                      "charged alone and the run went on)." if crashes else ".")]
     lines.append("")
-    extra = (["known issue"] if known else []) + (["not run"] if not_run else [])
+    extra = (["known issue"] if known else []) + (["not run"] if not_run else []) + (["out of memory"] if oom else [])
     lines += _table(["kernel", "op", "check", "passed", "failed", "skipped", *extra], [
         [k, op, test, c["passed"], c["failed"], c["skipped"], *(c[e] for e in extra)]
         for (k, op, test), c in sorted(counts.items())
@@ -275,10 +279,14 @@ def render_markdown(doc: dict) -> str:
             for r in issues
         ])
 
+    lines += memory.render_memory(doc, _table)
     failures = [r for r in records if r.get("outcome") == "failed"]
     lines += ["", f"## Failures ({len(failures)})", ""]
     if not failures:
         lines.append("None.")
+    lines += memory.render_groups(memory.groups(records, ("failed",)), _table)
+    if failures:
+        lines += ["", "Each failure:", ""]
     for r in failures:
         lines += [f"### `{r['nodeid'].split('::')[-1]}`", ""]
         if r.get("drawn_case"):
