@@ -74,6 +74,10 @@ ORACLE_F64 = 4
 # A kernel that declares no workspace: a y of its own and two float32 copies of x (an eager
 # composite upcasts, a compiled graph keeps float32 intermediates).
 DEFAULT_WORKSPACE_F32 = 2
+# The backward oracle: dx, x^, g and the allowances' per-element terms (harness.compare_backward).
+BACKWARD_ORACLE_F64 = 5
+FIXED_BYTES = 1 * MIB  # scalars, row statistics and the allocator's rounding of many small tensors
+PROJECT_WORKSPACE = 16 * MIB  # a project kernel's split partials and launch scratch, besides 64 B a row
 SMALL_TEST_BYTES = 64 * MIB  # a check on fixed small inputs (bad input, output shapes, offline compile)
 FUZZ_BYTES = 256 * MIB  # a drawn case (harness/test_fuzz: at most 2**16 elements each)
 
@@ -84,8 +88,10 @@ peers = the run's other kernels of the op (the agreement matrix keeps their outp
   inputs     S*B (x) + 2*N*B (weight, bias); backward: + S*B (dy) + S*B (the guard's snapshot of dy)
   snapshot   S*B + 2*N*B (guards.snapshot_inputs)
   outputs    R*(N+16)*B + 8*R (canaried y or dx, mean, rstd) + the kernel's workspace
-             (NormKernel.workspace_bytes; default E*B + 2*4*E + 8*R: a y of its own, float32 copies)
-  oracle     8*E + 16*R kept (whole oracles); backward: 3*8*E (dx, x^, g)
+             (declared, else a project kernel 16 MiB + 64*R; any other E*B + 2*4*E + 8*R: a y of
+             its own, float32 copies of x)
+  oracle     8*E + 16*R kept (whole oracles); backward: 5*8*E (dx, x^, g, the allowances' terms)
+  fixed      1 MiB (scalars, row statistics, the allocator's rounding)
   work       max(ORACLE_F64, COMPARE_F64) * 8*C (float64 temporaries of making or judging)
   kept       per peer R*(N+16)*B + 8*R (+ 8*E for a rounding contract's extra in 16-bit with a
              weight; backward: dx, dw, db), + 8*E (the agreement's allowance)
@@ -127,7 +133,7 @@ def check_estimate(test: str, case, kernel, peers=(), device: str = "cuda") -> E
     snapshot = s * b + 2 * n * b
     outputs = r * (n + 16) * b + 8 * r
     workspace = workspace_bytes(kernel, case, device)
-    parts = {"inputs": inputs}
+    parts = {"inputs": inputs, "fixed": FIXED_BYTES}
     if test in ("test_deterministic", "test_backward_deterministic", "test_batch_invariant",
                 "test_backward_batch_invariant"):
         parts.update(outputs=3 * outputs, workspace=workspace)
@@ -135,7 +141,7 @@ def check_estimate(test: str, case, kernel, peers=(), device: str = "cuda") -> E
             parts["saved forward"] = outputs
         return Estimate(sum(parts.values()), parts)
     whole, chunk = _whole_and_chunk(case)
-    oracle = (3 * 8 * e if backward else 8 * e + 16 * r) if whole else 0
+    oracle = (BACKWARD_ORACLE_F64 * 8 * e if backward else 8 * e + 16 * r) if whole else 0
     work = max(ORACLE_F64, COMPARE_F64) * 8 * chunk + (0 if whole else 8 * chunk + 16 * chunk // n)
     kept = sum(_kept_by(p, case, outputs, backward) for p in peers) + 8 * e if whole else 0
     parts.update(snapshot=snapshot, outputs=outputs, workspace=workspace, oracle=oracle, work=work, kept=kept)
@@ -155,14 +161,19 @@ def _kept_by(peer, case, outputs: int, backward: bool) -> int:
 
 
 def workspace_bytes(kernel, case, device: str = "cuda") -> int:
-    """The kernel's declared workspace for the case (``NormKernel.workspace_bytes``), else the default."""
+    """The kernel's workspace for the case: what it declares (an optional ``workspace_bytes(spec)``
+    method, for a kernel with large scratch buffers), else by kind. A project kernel writes into
+    the outputs it is given and keeps only per-row partials; any other (eager, apex, a compiled
+    graph, an outside backend) allocates its own y and statistics and may upcast x to float32."""
     declared = getattr(kernel, "workspace_bytes", None)
     if declared is not None:
         got = declared(case.spec(device))
         if got is not None:
             return int(got)
-    e = case.rows * case.n
-    return e * case.torch_dtype.itemsize + DEFAULT_WORKSPACE_F32 * 4 * e + 8 * case.rows
+    e, r = case.rows * case.n, case.rows
+    if getattr(kernel, "project", False):
+        return PROJECT_WORKSPACE + 64 * r
+    return e * case.torch_dtype.itemsize + DEFAULT_WORKSPACE_F32 * 4 * e + 8 * r
 
 
 # -- out of memory ------------------------------------------------------------------------------
@@ -326,9 +337,11 @@ class GpuLedger:
         return True
 
     def admit(self, need: int, alone: bool = False, while_waiting=None) -> float:
-        """Wait until the check of ``need`` bytes fits, then mark it running; the seconds waited.
+        """Wait until the check of ``need`` bytes (its estimate) fits beside what the other
+        workers hold, then mark it running; the seconds waited.
         ``while_waiting()`` runs between polls (the worker hands its cached memory back) and
         returns its new ``held``."""
+        need = int(need) + CONTEXT_BYTES  # the worker's context beside the check's allocations
         started = time.monotonic()
         ticket = time.time()
         first = True

@@ -146,7 +146,7 @@ class MemoryWatch:
         if gpu:
             self._setup()
             fields.update(mem_estimate=est.total, mem_budget=self.budget)
-            if est.total > self.budget:
+            if est.total + memory.CONTEXT_BYTES > self.budget:
                 self._record(pyfuncitem, fields)
                 pytest.skip(f"{TOO_BIG}the check needs about {fmt(est.total)} ({est.describe()}), more than this "
                             f"GPU's budget of {fmt(self.budget)}{' (--gpu-memory)' if self.asked else ''}")

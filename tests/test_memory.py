@@ -1,0 +1,254 @@
+"""GPU memory without a GPU: the estimate against measured allocations (the quick catalogue, on
+the CPU) and against its stated formula (the full catalogue), admission of checks against one
+budget by workers sharing a GPU, the out-of-memory retry and skip through outside backends that
+raise it, and the report's failure groups."""
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from harness import memory, runner
+from harness.cases import backward_catalogue, catalogue
+from harness.memory import GIB, MIB, GpuLedger
+from harness.report import build_document, render_markdown
+from harness.report import memory as report_memory
+from impls import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class LiveBytes(TorchDispatchMode):
+    """The peak of the bytes held by CPU storages that torch operators made while it was active:
+    each storage counted once, from the first tensor on it until the last is gone."""
+
+    def __init__(self):
+        super().__init__()
+        self.refs, self.size, self.live, self.peak = {}, {}, 0, 0
+
+    def _drop(self, key):
+        self.refs[key] -= 1
+        if not self.refs[key]:
+            self.live -= self.size.pop(key)
+            del self.refs[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                st = t.untyped_storage()
+                key = st.data_ptr()
+                if key not in self.refs:
+                    self.refs[key], self.size[key] = 0, st.nbytes()
+                    self.live += st.nbytes()
+                    self.peak = max(self.peak, self.live)
+                self.refs[key] += 1
+                weakref.finalize(t, self._drop, key)
+        return out
+
+
+def eager(op):
+    registry.load_builtins()
+    return next(k for k in registry.kernels(["torch"]) if k.op == op)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_estimate_covers_measured_allocations(op):
+    """The quick catalogue's largest cases (where the per-element terms decide) and its smallest
+    (where the fixed part does), forward and backward, each check's allocations measured."""
+    k = eager(op)
+    by_size = sorted((c for c in catalogue("quick") if c.op == op), key=lambda c: c.rows * c.n)
+    bwd = sorted((c for c in backward_catalogue("quick") if c.op == op), key=lambda c: c.rows * c.n)
+    plan = [("test_against_oracle", c) for c in by_size[-6:] + by_size[:2]]
+    plan += [("test_backward", c) for c in bwd[-4:] + bwd[:1]]
+    for test, case in plan:
+        live = LiveBytes()
+        with live:
+            if test == "test_backward":
+                runner.check_backward(k, case, keep_outputs=True)
+            else:
+                runner.check(k, case, keep_outputs=True)
+        est = memory.check_estimate(test, case, k)
+        assert live.peak <= est.total, f"{test} {case.id}: measured {live.peak} > estimate {est.total} ({est.describe()})"
+        assert est.total < 8 * live.peak + 2 * MIB, f"{test} {case.id}: estimate {est.total} far above {live.peak}"
+
+
+def formula(test, case, peers_kept: int) -> int:
+    """ESTIMATE_DOC, written out again: the forward and backward oracle checks."""
+    b, n, r = case.torch_dtype.itemsize, case.n, case.rows
+    e, s = r * n, r * (n + case.row_pad)
+    back = test == "test_backward"
+    inputs = s * b + 2 * n * b + (2 * s * b if back else 0)
+    outputs = r * (n + 16) * b + 8 * r
+    workspace = e * b + 2 * 4 * e + 8 * r
+    whole = e <= runner.ORACLE_WHOLE_ELEMENTS
+    chunk = e if whole else (runner.ORACLE_CHUNK_ELEMENTS // n) * n
+    oracle = ((5 * 8 * e) if back else 8 * e + 16 * r) if whole else 0
+    work = 10 * 8 * chunk + (0 if whole else 8 * chunk + 16 * (chunk // n))
+    kept = (peers_kept * (outputs + (16 * n if back else 0)) + 8 * e) if whole else 0
+    return inputs + (s * b + 2 * n * b) + outputs + workspace + oracle + work + kept + MIB + (outputs if back else 0)
+
+
+def test_estimate_is_the_stated_formula_on_the_full_catalogue():
+    k = eager("rms_norm")
+    peers = [eager("rms_norm")] * 3  # rounding "once": their outputs only
+    for test, cases in (("test_against_oracle", catalogue("full")), ("test_backward", backward_catalogue("full"))):
+        for c in (c for c in cases if c.op == "rms_norm"):
+            got = memory.check_estimate(test, c, k, peers=peers).total
+            assert got == formula(test, c, len(peers)), (test, c.id)
+    # Beyond 2**31 elements a project kernel's check fits a 24 GiB card (x, its snapshot and y,
+    # judged in chunks); an eager one's upcasts do not.
+    registry.load_builtins()
+    project = next(k for k in registry.kernels(["triton"]) if k.op == "rms_norm")
+    huge = next(c for c in catalogue("full") if c.rows * c.n >= 2**31 and c.op == "rms_norm" and c.dtype == "bfloat16")
+    assert memory.check_estimate("test_against_oracle", huge, project).total < memory.default_budget(0, 24 * GIB)
+    assert memory.check_estimate("test_against_oracle", huge, k).total > 24 * GIB
+
+
+def test_sizes_and_messages():
+    assert memory.parse_size("24GiB") == 24 * GIB and memory.parse_size("40GB") == 40 * 10**9
+    assert memory.parse_size("512 MiB") == 512 * MIB and memory.parse_size("1000") == 1000
+    for bad in ("24 parsecs", "", "-3GiB", "0"):
+        with pytest.raises(ValueError, match="memory size"):
+            memory.parse_size(bad)
+    msg = "CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of 79.19 GiB"
+    assert memory.requested_bytes(msg) == int(2.5 * GIB)
+    assert memory.is_oom(torch.OutOfMemoryError(msg)) and memory.is_oom(RuntimeError("CUDA error: out of memory"))
+    wrapped = RuntimeError("launch failed")
+    wrapped.__cause__ = torch.OutOfMemoryError(msg)
+    assert memory.is_oom(wrapped) and not memory.is_oom(RuntimeError("illegal memory access"))
+    assert memory.default_budget(80 * GIB, None) == 76 * GIB
+    assert memory.default_budget(80 * GIB, 24 * GIB) == 24 * GIB - int(0.05 * 24 * GIB)
+    assert memory.workers_for(22 * GIB, 16) == 13 and memory.workers_for(100 * GIB, 16) == 16
+
+
+def test_budget_from_a_fake_card(monkeypatch):
+    from harness import isolation
+
+    monkeypatch.setenv(memory.FAKE_MEMORY_ENV, "70GiB,80GiB")
+
+    class Config:
+        def __init__(self, asked):
+            self.asked = asked
+
+        def getoption(self, name):
+            return self.asked
+
+    assert isolation.gpu_budgets(Config(None), ["0", "1"]) == {"0": 70 * GIB - int(3.5 * GIB), "1": 66.5 * GIB}
+    assert isolation.gpu_budgets(Config("24GiB"), ["0"]) == {"0": 24 * GIB - int(0.05 * 24 * GIB)}
+    with pytest.raises(pytest.UsageError, match="more than GPU 0"):
+        isolation.gpu_budgets(Config("100GiB"), ["0"])
+
+
+def test_admission_keeps_workers_within_one_budget(tmp_path):
+    """Four workers, a 10 GiB budget, checks of 1-7 GiB and one of 12 (larger than the budget):
+    at no time do running checks hold more than the budget, except the large one, alone; every
+    check runs; a retry alone waits for the others and runs alone."""
+    path = tmp_path / "gpu0.ledger.json"
+    GpuLedger.create(path, 10 * GIB)
+    log, lock = [], threading.Lock()
+    running: dict = {}
+
+    def worker(name, needs, alone_at=None):
+        ledger = GpuLedger(path, name)
+        for i, need in enumerate(needs):
+            alone = i == alone_at
+            ledger.admit(need * GIB, alone=alone)
+            with lock:
+                running[name] = (need * GIB, alone)
+                log.append(dict(running))
+            time.sleep(0.03)
+            with lock:
+                running.pop(name)
+            ledger.done(memory.CONTEXT_BYTES)
+
+    jobs = {"w0": [1, 7, 2, 12, 1], "w1": [3, 3, 3, 3], "w2": [5, 1, 1, 6], "w3": [2, 2, 4, 2, 2]}
+    threads = [threading.Thread(target=worker, args=(n, v, 2 if n == "w1" else None)) for n, v in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "admission deadlocked"
+    assert len(log) == sum(len(v) for v in jobs.values())
+    for snap in log:
+        held = sum(need + memory.CONTEXT_BYTES for need, _ in snap.values())
+        if any(need > 10 * GIB or alone for need, alone in snap.values()):
+            assert len(snap) == 1, snap  # the largest check, and a retry alone, run with nothing else
+        else:
+            assert held <= 10 * GIB, snap
+
+
+def test_a_dead_workers_entry_is_dropped(tmp_path):
+    path = tmp_path / "gpu0.ledger.json"
+    GpuLedger.create(path, 4 * GIB)
+    ledger = GpuLedger(path, "gw1")
+    with ledger._locked() as st:  # noqa: SLF001 (a worker killed while holding a check)
+        st["workers"]["gw0"] = {"held": 3 * GIB, "need": 3 * GIB, "ticket": None, "alone": False, "pid": 2**22 + 7}
+    start = time.monotonic()
+    ledger.admit(3 * GIB)
+    assert time.monotonic() - start < 5 and "gw0" not in ledger.snapshot()["workers"]
+
+
+def test_out_of_memory_is_retried_alone_and_never_a_failure(tmp_path):
+    """Outside backends raise out-of-memory: once (the retry alone passes), always (out of memory,
+    with the over-allocation named), and as a sticky error that kills the worker (run again
+    alone in a new worker: passes; or out of memory again: counted apart, not failed)."""
+    import json
+    import subprocess
+    import sys
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OOM_MARKERS": str(markers)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "harness/test_differential.py", "-n", "2",
+         "--backend", "oom_*", "--backend-file", str(ROOT / "tests" / "plugins" / "oom_backends.py"),
+         "--op", "rms_norm", "--dtype", "bfloat16", "--profile", "quick", "-k", "769",
+         f"--report-dir={tmp_path / 'report'}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "report" / "correctness.json").read_text())
+    recs = {r["nodeid"].split("[")[1].rstrip("]"): r for r in doc["records"]}
+    once = recs["rms_norm-bfloat16-17x769-normal-oom_once.v1"]
+    assert once["outcome"] == "passed" and [e["attempt"] for e in once["oom_events"]] == ["first try"]
+    always = recs["rms_norm-bfloat16-3x769-normal-oom_always.v1"]
+    assert always["outcome"] == "out of memory" and len(always["oom_events"]) == 2
+    assert "oom_always.v1 asked for 64.00 GiB" in always["oom_events"][0]["over_allocation"]
+    sticky = recs["rms_norm-bfloat16-1x769-normal-oom_sticky.v1"]
+    assert sticky["outcome"] == "passed" and "sticky" in sticky["oom_events"][0]["attempt"]
+    sticky_always = recs["rms_norm-bfloat16-1025x769-normal-oom_sticky_always.v1"]
+    assert sticky_always["outcome"] == "out of memory" and len(sticky_always["oom_events"]) == 2
+    assert sum(r["outcome"] == "failed" for r in doc["records"]) == 0
+    assert sum(r["outcome"] == "passed" for r in doc["records"]) >= 8
+    md = (tmp_path / "report" / "correctness.md").read_text()
+    assert "2 out of memory" in md and "**Over-allocation**" in md and "oom_always.v1" in md
+
+
+def test_failures_are_grouped_by_cause():
+    recs = []
+    for i in range(783):
+        k = f"b{i % 5}.v"
+        recs.append({"nodeid": f"harness/t.py::test_x[c{i}-{k}]", "kernel": k, "case": f"rms_norm-float32-{i}x{i + 7}-normal",
+                     "outcome": "out of memory", "oom_events": [{"message": f"CUDA out of memory. Tried to allocate "
+                                                                           f"{i}.50 GiB. GPU {i % 2} has 79.19 GiB"}]})
+    for i in range(3):
+        recs.append({"nodeid": f"harness/t.py::test_y[{i}]", "kernel": "tl.v", "case": f"layer_norm-bfloat16-{i}x129-normal",
+                     "outcome": "failed", "errors": [{"output": "y", "mismatched": i + 1, "numel": 129, "max_abs": 0.1,
+                                                      "max_ulp": 9.0, "rel_l2": 0.01, "worst_ratio": 3.0,
+                                                      "worst_index": [0, 1], "worst_out": 1.0, "worst_ref": 0.9}]})
+    recs.append({"nodeid": "harness/t.py::test_z[0]", "kernel": "tl.v", "outcome": "failed", "failure_kind": "crashed",
+                 "crash": {"detail": "Segmentation fault"}})
+    gs = report_memory.groups(recs)
+    assert [g["count"] for g in gs] == [783, 3, 1]
+    assert gs[0]["kind"] == "out of memory" and len(gs[0]["kernels"]) == 5 and len(gs[0]["examples"]) == 3
+    assert gs[1]["signature"] == "out of tolerance: y"
+    doc = build_document(records={r.pop("nodeid"): r for r in [dict(r) for r in recs]}, agreement={}, backends={},
+                         selection={"profile": "full"}, environment={}, command="pytest", elapsed=1.0)
+    assert doc["failure_groups"][0]["count"] == 783
+    md = render_markdown(doc)
+    assert md.count("CUDA out of memory. Tried to allocate <n> GiB") == 1  # one group, not 783 lines
+    assert "test_y[2]" in md  # every failure stays below the groups
