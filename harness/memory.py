@@ -210,23 +210,21 @@ def requested_bytes(message: str) -> int | None:
 
 # -- the card -------------------------------------------------------------------------------------
 def measure_gpus(tokens: list[str]) -> dict[str, tuple[int, int]]:
-    """GPU token -> (free, total) bytes, each measured in a short-lived process (the controller
-    holds no CUDA context of its own). ``NORMDIFF_FAKE_GPU_MEMORY=FREE,TOTAL`` stands in."""
+    """GPU token -> (free, total) bytes, measured in one short-lived process (the controller holds
+    no CUDA context of its own). ``NORMDIFF_FAKE_GPU_MEMORY=FREE,TOTAL`` stands in for every GPU."""
     fake = os.environ.get(FAKE_MEMORY_ENV)
     if fake:
         free, total = (parse_size(v) for v in fake.split(","))
         return {t: (free, total) for t in tokens}
-    out = {}
-    code = "import torch; f, t = torch.cuda.mem_get_info(); print(f, t)"
-    for t in tokens:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": t}
-        try:
-            done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-            free, total = (int(v) for v in done.stdout.split()[-2:])
-        except (subprocess.SubprocessError, ValueError, OSError):
-            continue
-        out[t] = (free, total)
-    return out
+    code = ("import torch\nfor i in range(torch.cuda.device_count()):\n"
+            "    f, t = torch.cuda.mem_get_info(i); print(f, t)")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(tokens)}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+        rows = [tuple(int(v) for v in line.split()) for line in done.stdout.splitlines() if line.strip()]
+    except (subprocess.SubprocessError, ValueError, OSError):
+        return {}
+    return {t: row for t, row in zip(tokens, rows)}
 
 
 def default_budget(free: int, asked: int | None) -> int:
