@@ -57,6 +57,9 @@ def addoption(group) -> None:
                     help="GPU memory the run may use per GPU, e.g. 24GiB (default: what is free when the run "
                          "starts, less a reserve); each process is capped at it too, so a larger card behaves "
                          "as one of this size")
+    group.addoption("--min-check-memory", default=None, metavar="SIZE",
+                    help="run only the checks estimated to need at least SIZE of GPU memory (e.g. 1GiB beside "
+                         "--gpu-memory: the checks where memory decides); the others are deselected")
 
 
 # -- worker count and pinning -------------------------------------------------------------------
