@@ -83,10 +83,10 @@ class MemoryWatch:
     def _setup(self) -> None:
         if self._ready:
             return
-        self._ready = True
         import torch
 
         free, total = torch.cuda.mem_get_info()
+        self._ready = True
         if self.asked:  # behave as a card of that size: every process's allocator capped at it
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.asked / total))
         token = self.config.workerinput.get("normdiff_gpu") if self.worker else None
@@ -140,7 +140,7 @@ class MemoryWatch:
         if subject is None:
             return None
         rec, kernel, case, device = subject
-        gpu = device == "cuda"
+        gpu = device == "cuda" and _cuda_available()  # a CUDA-only kernel without a GPU skips in its check
         self._before = None
         est = self.estimate(rec, kernel, case)
         fields: dict = {}
@@ -277,6 +277,11 @@ class MemoryWatch:
             torch.cuda.empty_cache()
         if self.ledger is not None:
             self.ledger.set_held(self._held())
+
+
+def _cuda_available() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available()
 
 
 def _oom(exc: BaseException) -> bool:
