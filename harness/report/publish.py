@@ -23,7 +23,9 @@ from harness.report import benchmark
 RECORD_KEYS = ("nodeid", "test", "kernel", "backend", "op", "dtype", "case", "outcome", "reason", "failure_kind",
                "crash", "findings", "drawn_case", "message", "errors", "selection",
                # the determinism and batch-invariance sections (harness/report/properties.py)
-               "deterministic", "bit_diffs", "batch_invariant", "batch_sizes", "batch_changes", "batch_claim")
+               "deterministic", "bit_diffs", "batch_invariant", "batch_sizes", "batch_changes", "batch_claim",
+               # the GPU-memory section (harness/report/memory.py)
+               "mem_estimate", "mem_peak", "mem_budget", "mem_wait_s", "mem_retained", "oom_events")
 PASSED_ERROR_KEYS = ("output", "worst_ratio", "max_ulp")
 # What a benchmark keeps: harness.report.benchmark.results reads these.
 BENCH_EXTRA_KEYS = ("op", "dtype", "m", "n", "regime", "repeat", "kernel", "bytes", "ceiling_gbps", "timing",
