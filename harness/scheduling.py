@@ -156,8 +156,14 @@ class CaseScheduling(LoadScopeScheduling):
     def _reschedule(self, node) -> None:
         # A replacement worker is added before it has collected; xdist's loadscope would assign
         # it work then (KeyError when two workers die close together): it waits for its collection.
-        if node in self.registered_collections:
-            super()._reschedule(node)
+        if node not in self.registered_collections:
+            return
+        super()._reschedule(node)
+        # A worker runs an item only once it holds the next one (or is told to shut down); a
+        # replacement given one unit of one item (a check requeued after an out-of-memory) would
+        # wait for ever: give it a second while there is one.
+        while self.workqueue and not node.shutting_down and self._pending_of(self.assigned_work[node]) < 2:
+            self._assign_work_unit(node)
 
     def remove_node(self, node):
         workload = self.assigned_work.pop(node)
