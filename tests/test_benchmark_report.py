@@ -475,3 +475,26 @@ def test_host_calls_shrink_with_device_time_and_pairs_only_where_judged():
                 BenchShape("rms_norm", "bfloat16", 65536, 1024, "backward")]
     assert all(host_target_shape(s) for s in judged)
     assert not any(host_target_shape(s) for s in unjudged)
+
+
+def test_headline_set_covers_every_regime_and_the_budget_skips_what_cannot_fit():
+    from harness.bench import BenchContext, shape_need
+    from harness.report.host import judges_host
+    from harness.shapes import HEADLINE_LONG_N
+
+    shapes = bench.sweep("full", ["rms_norm", "layer_norm"], ["bfloat16"], 1, "headline")
+    regimes = {s.regime for s in shapes}
+    assert regimes == {"bandwidth", "decode", "backward"}
+    assert any(s.n in HEADLINE_LONG_N for s in shapes), "no long rows"
+    assert any(judges_host(s.regime, s.n) and s.regime == "bandwidth" for s in shapes), "no host column at bandwidth"
+    assert len(shapes) < len(bench.sweep("full", ["rms_norm", "layer_norm"], ["bfloat16"], 1, "full")) / 2
+
+    class Config:
+        def getoption(self, name):
+            return None
+
+    ctx = BenchContext(Config())
+    long = next(s for s in shapes if s.n in HEADLINE_LONG_N)
+    ctx._budget = shape_need(long) - 1  # noqa: SLF001 (a card one byte too small for the long rows)
+    assert ctx.fits(long).startswith("out of memory, not run: ") and "more than the budget" in ctx.fits(long)
+    assert all(ctx.fits(s) is None for s in shapes if s.n not in HEADLINE_LONG_N)
