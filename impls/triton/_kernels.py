@@ -302,6 +302,15 @@ def _split_exchange(WORDS, group, part, it, a, b, SPLITS: tl.constexpr, SPLITS_P
 
 
 @triton.jit
+def _row_cols(cmask, row, M):
+    """The load mask of this program's columns of row ``row``: cmask inside the rows, none past
+    the last. The row is compared column by column, not as one scalar and'ed in: Triton 3.9's
+    interpreter broadcasts a scalar comparison as int32 and its tl.load refuses an int32 mask
+    (3.6's took it). Compiled, the same instructions as cmask & (row < M)."""
+    return cmask & (row + tl.zeros(cmask.shape, tl.int32) < M)
+
+
+@triton.jit
 def _split_finish(WORDS, DONE, group, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SLOTS: tl.constexpr = 2):
     """Called by every program after its last wait: the group's last one zeroes its words."""
     done = tl.atomic_add(DONE + group, 1, sem="acq_rel", scope="gpu")
@@ -332,10 +341,10 @@ def rms_norm_split(
     part = tl.program_id(0) % SPLITS
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
-    x_next = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask & (group < M), other=0.0)
+    x_next = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=_row_cols(cmask, group, M), other=0.0)
     if DEPTH == 2:
-        x_next2 = tl.load(X + (group + GROUPS).to(tl.int64) * stride_x + cols, mask=cmask & (group + GROUPS < M),
-                          other=0.0)
+        x_next2 = tl.load(X + (group + GROUPS).to(tl.int64) * stride_x + cols,
+                          mask=_row_cols(cmask, group + GROUPS, M), other=0.0)
     it = 0
     for row in tl.range(group, M, GROUPS):
         row64 = row.to(tl.int64)
@@ -344,9 +353,9 @@ def rms_norm_split(
         nxt = row + DEPTH * GROUPS
         if DEPTH == 2:
             x_next = x_next2
-            x_next2 = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+            x_next2 = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=_row_cols(cmask, nxt, M), other=0.0)
         else:
-            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=_row_cols(cmask, nxt, M), other=0.0)
         ss_j, _ = _split_exchange(WORDS, group, part, it, ss, ss, SPLITS, SPLITS_P2)
         rstd = tl.rsqrt(tl.sum(ss_j, axis=0) / N + eps)  # the same order in every program
         y = x * rstd
@@ -375,10 +384,10 @@ def layer_norm_split(
     n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
     j = tl.arange(0, SPLITS_P2)
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns per part
-    x_next = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask & (group < M), other=0.0)
+    x_next = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=_row_cols(cmask, group, M), other=0.0)
     if DEPTH == 2:
-        x_next2 = tl.load(X + (group + GROUPS).to(tl.int64) * stride_x + cols, mask=cmask & (group + GROUPS < M),
-                          other=0.0)
+        x_next2 = tl.load(X + (group + GROUPS).to(tl.int64) * stride_x + cols,
+                          mask=_row_cols(cmask, group + GROUPS, M), other=0.0)
     it = 0
     for row in tl.range(group, M, GROUPS):
         row64 = row.to(tl.int64)
@@ -389,9 +398,9 @@ def layer_norm_split(
         nxt = row + DEPTH * GROUPS
         if DEPTH == 2:
             x_next = x_next2
-            x_next2 = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+            x_next2 = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=_row_cols(cmask, nxt, M), other=0.0)
         else:
-            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=cmask & (nxt < M), other=0.0)
+            x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=_row_cols(cmask, nxt, M), other=0.0)
         m_j, m2_j = _split_exchange(WORDS, group, part, it, m_part, m2_part, SPLITS, SPLITS_P2)
         mean, rstd = _merge_parts(m_j, m2_j, n_j, N, eps)
         y = (d + (m_part - mean)) * rstd
@@ -422,7 +431,8 @@ def layer_norm_split(
 @triton.jit
 def _load_row(X, row, stride_x, cols, cmask, M, X_CACHE: tl.constexpr):
     """This program's columns of row ``row`` of x (zeros past the last row), loaded with X_CACHE."""
-    return tl.load(X + row.to(tl.int64) * stride_x + cols, mask=cmask & (row < M), other=0.0, cache_modifier=X_CACHE)
+    return tl.load(X + row.to(tl.int64) * stride_x + cols, mask=_row_cols(cmask, row, M), other=0.0,
+                   cache_modifier=X_CACHE)
 
 
 @triton.jit
