@@ -72,3 +72,54 @@ def test_declared_ranges_are_the_ones_ci_tests():
     assert declared_range("tilelang") == "==0.1.15"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "triton-range" in ci  # the range's ends, each in its own virtual environment
+
+
+CPU_TORCH_INDEX = ("--index-url", "https://download.pytorch.org/whl/cpu")
+
+
+def _commands(text: str) -> list[list[str]]:
+    """The shell commands of ``text`` (one a line or joined by &&), split as the shell would, with
+    pip called as ``pip`` and its -q dropped."""
+    import shlex
+
+    out = []
+    for line in text.splitlines():
+        line = line.split(" #")[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        for part in line.split("&&"):
+            words = [w for w in shlex.split(part) if w != "-q"]
+            if words[:3] == ["python", "-m", "pip"]:
+                words = words[2:]
+            out.append(words)
+    return out
+
+
+def test_ci_installs_what_the_readme_cpu_set_up_says():
+    """.ci/run installs with the README's CPU commands, word for word, but for torch's index URL: a
+    user's `pip install torch==2.13.0` from PyPI is the multi-GB CUDA build, so the README takes
+    torch from PyTorch's CPU index, which the CI machine cannot reach (its CPU wheel is local). The
+    same project install follows, naming its Triton (a CPU torch pins none), then the doctor."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"\*\*CPU only\*\*.*?```sh\n(.*?)```", readme, re.S).group(1)
+    documented = _commands(block)
+    ci_text = (ROOT / ".ci" / "run").read_text()
+    ci_setup = ci_text[:ci_text.index("python -m harness.doctor") + len("python -m harness.doctor")]
+    ci = [c for c in _commands(ci_setup) if c[:2] == ["pip", "install"] or c[:3] == ["python", "-m", "harness.doctor"]]
+    ci = [c for c in ci if c != ["pip", "install", "--upgrade", "pip"]]  # pip itself, nothing of the project's
+    torch_line = documented[0]
+    assert torch_line[:3] == ["pip", "install", "torch==2.13.0"] and "--index-url" in torch_line, documented
+    i = torch_line.index("--index-url")
+    assert tuple(torch_line[i:i + 2]) == CPU_TORCH_INDEX
+    assert "--index-url" not in ci[0] and "--extra-index-url" not in ci[0], ci[0]
+    assert [torch_line[:i] + torch_line[i + 2:], *documented[1:]] == ci, (documented, ci)
+    # The one Triton named (a CPU torch pins none) is inside the declared range, and the README says which.
+    from packaging.specifiers import SpecifierSet
+
+    from harness.doctor import declared_range
+
+    pins = [w.removeprefix("triton==") for c in documented for w in c if w.startswith("triton")]
+    assert len(pins) == 1 and pins[0] in SpecifierSet(declared_range("triton")), pins
+    assert f"Triton {pins[0]}" in readme
