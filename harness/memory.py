@@ -76,6 +76,7 @@ ORACLE_F64 = 4
 DEFAULT_WORKSPACE_F32 = 2
 # The backward oracle: dx, x^, g and the allowances' per-element terms (harness.compare_backward).
 BACKWARD_ORACLE_F64 = 5
+BITS_BYTES_PER_ELEMENT = 25  # bit_diffs: two int64 views, a bool mask, and 8 B more where they differ
 FIXED_BYTES = 1 * MIB  # scalars, row statistics and the allocator's rounding of many small tensors
 PROJECT_WORKSPACE = 16 * MIB  # a project kernel's split partials and launch scratch, besides 64 B a row
 SMALL_TEST_BYTES = 64 * MIB  # a check on fixed small inputs (bad input, output shapes, offline compile)
@@ -95,8 +96,9 @@ peers = the run's other kernels of the op (the agreement matrix keeps their outp
   work       max(ORACLE_F64, COMPARE_F64) * 8*C (float64 temporaries of making or judging)
   kept       per peer R*(N+16)*B + 8*R (+ 8*E for a rounding contract's extra in 16-bit with a
              weight; backward: dx, dw, db), + 8*E (the agreement's allowance)
-determinism: inputs + 3 x outputs (two calls and the bit comparison) + workspace;
-batch invariance: inputs + 3 x outputs + workspace; drawn cases FUZZ_BYTES; small checks SMALL_TEST_BYTES.
+determinism and batch invariance: inputs + 3 x outputs + workspace + S*B (a batch's copy of x)
+  + 25*E (the bit comparison: two int64 views, a mask, a distance); backward: + outputs (the saved
+  forward) + 8*S (dy drawn in float64); drawn cases FUZZ_BYTES; small checks SMALL_TEST_BYTES.
 """
 
 
@@ -136,9 +138,11 @@ def check_estimate(test: str, case, kernel, peers=(), device: str = "cuda") -> E
     parts = {"inputs": inputs, "fixed": FIXED_BYTES}
     if test in ("test_deterministic", "test_backward_deterministic", "test_batch_invariant",
                 "test_backward_batch_invariant"):
-        parts.update(outputs=3 * outputs, workspace=workspace)
+        # three calls' outputs, a batch's copy of x, and the bit comparison (harness.properties.bit_diffs:
+        # both outputs as int64, their mask, the ordered distance where they differ)
+        parts.update(outputs=3 * outputs, workspace=workspace, copy=s * b, bits=BITS_BYTES_PER_ELEMENT * e)
         if backward:
-            parts["saved forward"] = outputs
+            parts.update({"saved forward": outputs, "dy draw": 8 * s})
         return Estimate(sum(parts.values()), parts)
     whole, chunk = _whole_and_chunk(case)
     oracle = (BACKWARD_ORACLE_F64 * 8 * e if backward else 8 * e + 16 * r) if whole else 0

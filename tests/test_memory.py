@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from harness import memory, runner
+from harness import memory, properties, runner
 from harness.cases import backward_catalogue, catalogue
 from harness.memory import GIB, MIB, GpuLedger
 from harness.report import build_document, render_markdown
@@ -60,19 +60,24 @@ def eager(op):
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_estimate_covers_measured_allocations(op):
     """The quick catalogue's largest cases (where the per-element terms decide) and its smallest
-    (where the fixed part does), forward and backward, each check's allocations measured."""
+    (where the fixed part does), forward and backward, and the determinism and batch-invariance
+    checks, each check's allocations measured."""
     k = eager(op)
     by_size = sorted((c for c in catalogue("quick") if c.op == op), key=lambda c: c.rows * c.n)
     bwd = sorted((c for c in backward_catalogue("quick") if c.op == op), key=lambda c: c.rows * c.n)
     plan = [("test_against_oracle", c) for c in by_size[-6:] + by_size[:2]]
     plan += [("test_backward", c) for c in bwd[-4:] + bwd[:1]]
+    plan += [("test_deterministic", c) for c in by_size[-2:]] + [("test_backward_deterministic", bwd[-1])]
+    plan += [("test_batch_invariant", c) for c in properties.batch_cases("quick") if c.op == op][:1]
+    calls = {"test_backward": lambda c: runner.check_backward(k, c, keep_outputs=True),
+             "test_against_oracle": lambda c: runner.check(k, c, keep_outputs=True),
+             "test_deterministic": lambda c: properties.determinism(k, c, "cpu"),
+             "test_backward_deterministic": lambda c: properties.backward_determinism(k, c, "cpu"),
+             "test_batch_invariant": lambda c: properties.batch_invariance(k, c, "cpu", quick=True)}
     for test, case in plan:
         live = LiveBytes()
         with live:
-            if test == "test_backward":
-                runner.check_backward(k, case, keep_outputs=True)
-            else:
-                runner.check(k, case, keep_outputs=True)
+            calls[test](case)
         est = memory.check_estimate(test, case, k)
         assert live.peak <= est.total, f"{test} {case.id}: measured {live.peak} > estimate {est.total} ({est.describe()})"
         assert est.total < 8 * live.peak + 2 * MIB, f"{test} {case.id}: estimate {est.total} far above {live.peak}"
