@@ -5,7 +5,7 @@
 #                                 CHECKS_CANDIDATES=1 checks the long-row probe's open candidates
 #                                 instead (tools/candidate_backend.py; NORMDIFF_CANDIDATES narrows)
 #   tools/gpu_run.sh tests OUT    the framework's tests
-#   tools/gpu_run.sh bench OUT    the benchmark suite (full sweep; BENCH_REPEAT passes of the bandwidth
+#   tools/gpu_run.sh bench OUT    the benchmark suite (BENCH_SET, default full: the whole sweep; BENCH_REPEAT passes of the bandwidth
 #                                 part, default 2), README shapes; tools.host_cost. BENCH_ARGS adds
 #                                 pytest arguments (e.g. "--dtype float16" for one share of a split
 #                                 run); BENCH_BACKENDS the backends (default all: the warm-up then
@@ -56,7 +56,8 @@ bench)
   [[ $backends != all ]] && compiled=$backends
   select=(); [[ -n ${BENCH_K:-} ]] && select=(-k "$BENCH_K")
   timeout "${WARM_TIMEOUT:-130}" python -m harness.warm --bench --backend "$compiled" "${liger[@]}" --jobs "$jobs" 2>&1 | tail -n 12 | tee "$out/warm.log"
-  pt "${BENCH_TIMEOUT:-380}" benchmarks --benchmark-only --profile full --bench-repeat "${BENCH_REPEAT:-2}" \
+  pt "${BENCH_TIMEOUT:-380}" benchmarks --benchmark-only --profile full --bench-set "${BENCH_SET:-full}" \
+     --bench-repeat "${BENCH_REPEAT:-2}" \
      --backend "$backends" "${liger[@]}" "${select[@]}" \
      --report-dir="$out" ${BENCH_ARGS:-} > "$out/benchmark.log" 2>&1
   tail -n 15 "$out/benchmark.log"
