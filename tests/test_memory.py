@@ -257,3 +257,125 @@ def test_failures_are_grouped_by_cause():
     md = render_markdown(doc)
     assert md.count("CUDA out of memory. Tried to allocate <n> GiB") == 1  # one group, not 783 lines
     assert "test_y[2]" in md  # every failure stays below the groups
+
+
+class FakeCuda:
+    """The torch.cuda calls MemoryWatch makes, on a pretend 80 GiB card whose allocator a test drives."""
+
+    def __init__(self, monkeypatch, free=70 * GIB, total=80 * GIB):
+        self.free, self.total, self.allocated, self.reserved, self.peak, self.fraction = free, total, 0, 0, 0, None
+        for name in ("mem_get_info", "memory_reserved", "memory_allocated", "max_memory_allocated",
+                     "reset_peak_memory_stats", "empty_cache", "set_per_process_memory_fraction", "is_available"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+
+    def mem_get_info(self, device=None):
+        return self.free, self.total
+
+    def memory_reserved(self):
+        return self.reserved
+
+    def memory_allocated(self):
+        return self.allocated
+
+    def max_memory_allocated(self):
+        return self.peak
+
+    def reset_peak_memory_stats(self):
+        self.peak = self.allocated
+
+    def empty_cache(self):
+        self.reserved = self.allocated
+
+    def set_per_process_memory_fraction(self, fraction):
+        self.fraction = fraction
+
+    def is_available(self):
+        return True
+
+    def alloc(self, n):
+        self.allocated += n
+        self.reserved = max(self.reserved, self.allocated)
+        self.peak = max(self.peak, self.allocated)
+
+
+def gpu_watch(tmp_path, fake, asked=None, budget=20 * GIB):
+    """A MemoryWatch as an xdist worker of one GPU has it, over a one-case state."""
+    from types import SimpleNamespace
+
+    from harness.memory_watch import MemoryWatch
+
+    case = next(c for c in catalogue("quick") if c.op == "rms_norm" and c.shape == (1025, 769))
+    registry.load_builtins()
+    kernel = next(k for k in registry.kernels(["triton"]) if k.op == "rms_norm")
+    GpuLedger.create(memory.ledger_path(tmp_path, "0"), budget)
+    config = SimpleNamespace(workerinput={"workerid": "gw0", "normdiff_dir": str(tmp_path), "normdiff_gpu": "0",
+                                          "normdiff_workers_on_gpu": 2},
+                             getoption=lambda name: asked if name == "gpu_memory" else None)
+    records = {"t::a": {"test": "test_against_oracle", "kernel": kernel.name, "op": "rms_norm", "case": case.id}}
+    state = SimpleNamespace(records=records, kernels=[kernel], kernel_index={(kernel.name, "rms_norm"): kernel},
+                            case_index={case.id: case}, device_for=lambda k: "cuda")
+    return MemoryWatch(config, state), case, kernel
+
+
+def fake_item(nodeid, body):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(nodeid=nodeid, obj=body, funcargs={}, _fixtureinfo=SimpleNamespace(argnames=()),
+                           user_properties=[])
+
+
+def test_on_a_gpu_a_check_is_admitted_measured_and_retried_alone(tmp_path, monkeypatch):
+    """MemoryWatch's GPU path on a pretend card: the estimate and budget recorded, the peak
+    measured, an out-of-memory retried once alone (passing), the ledger holding the worker's
+    context and cache after the check, a leak counted, --gpu-memory capping the process."""
+    fake = FakeCuda(monkeypatch)
+    watch, case, kernel = gpu_watch(tmp_path, fake, asked="24GiB")
+    tries = []
+
+    def body():
+        tries.append(1)
+        fake.alloc(3 * MIB)
+        if len(tries) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB. (pretend)")
+
+    item = fake_item("t::a", body)
+    assert watch.pytest_pyfunc_call(item) is True and len(tries) == 2
+    fields = {k: v for name, f in item.user_properties if name == "normdiff" for k, v in f.items()}
+    assert fields["mem_budget"] == 20 * GIB and fields["mem_estimate"] > 0 and fields["mem_peak"] >= 3 * MIB
+    assert [e["attempt"] for e in fields["oom_events"]] == ["first try"] and fields["oom_events"][0]["asked"] == GIB
+    assert fake.fraction == pytest.approx(24 / 80)
+    me = watch.ledger.snapshot()["workers"]["gw0"]
+    assert me["need"] == 0 and me["held"] == memory.CONTEXT_BYTES + fake.reserved
+
+    # After the check: what the try that counted left allocated beyond the harness's caches (the
+    # pretend allocator frees nothing: 3 MiB) is recorded as kept.
+    gen = watch.pytest_runtest_teardown(item, None)
+    next(gen)
+    with pytest.raises(StopIteration):
+        next(gen)
+    kept = {k: v for name, f in item.user_properties if name == "normdiff_after" for k, v in f.items()}
+    assert kept["mem_retained"] == 3 * MIB
+
+
+def test_on_a_gpu_a_check_beyond_the_budget_is_skipped_up_front(tmp_path, monkeypatch):
+    fake = FakeCuda(monkeypatch)
+    watch, case, kernel = gpu_watch(tmp_path, fake, budget=64 * MIB)
+    item = fake_item("t::a", lambda: pytest.fail("must not run"))
+    with pytest.raises(pytest.skip.Exception, match="out of memory, not run: the check needs about"):
+        watch.pytest_pyfunc_call(item)
+
+
+def test_on_a_gpu_a_check_out_of_memory_alone_too_is_counted_apart(tmp_path, monkeypatch):
+    fake = FakeCuda(monkeypatch)
+    watch, case, kernel = gpu_watch(tmp_path, fake)
+
+    def body():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 90.00 GiB. (pretend)")
+
+    item = fake_item("t::a", body)
+    with pytest.raises(pytest.skip.Exception, match="out of memory: .*retried alone and out of memory again"):
+        watch.pytest_pyfunc_call(item)
+    fields = {k: v for name, f in item.user_properties if name == "normdiff" for k, v in f.items()}
+    assert [e["attempt"] for e in fields["oom_events"]] == ["first try", "alone"]
+    assert "asked for 90.00 GiB" in fields["oom_events"][0]["over_allocation"]
+    assert watch.ledger.snapshot()["workers"]["gw0"]["need"] == 0  # the ledger is left clean
