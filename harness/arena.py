@@ -1,10 +1,12 @@
-"""Where a benchmark's tensors live: one allocation for the whole session (harness.bench)."""
+"""Where a benchmark's tensors live: one allocation for the whole session (harness.bench), within
+the device memory budget (harness.memory)."""
 from __future__ import annotations
 
 import math
 
 import torch
 
+from harness import memory
 from harness.cases import DTYPES
 
 
@@ -78,3 +80,33 @@ class Arena:
             self.buf = torch.empty(need, dtype=torch.uint8, device=self.device)
         return {name: self.buf[off:off + math.prod(shape) * dt.itemsize].view(dt).view(shape)
                 for name, (off, dt, shape) in parts.items()}
+
+
+def shape_need(s, sample_elements: int) -> int:
+    """Device bytes one benchmark of shape ``s`` needs: its arena layout, a y and statistics a
+    kernel may allocate itself (twice: eager's result and a copy), the oracle's float64 sample of
+    ``sample_elements``; the backward adds dy, dx and the screen's float64 reference over all rows."""
+    e, b = s.m * s.n, DTYPES[s.dtype].itemsize
+    need = Arena.layout(s)[1] + 2 * e * b + 4 * sample_elements * 8
+    if s.regime == "backward":
+        need += 2 * e * b + 6 * 8 * e
+    return need
+
+
+def device_budget(asked: str | None) -> int:
+    """The bytes a benchmark process may use: ``--gpu-memory`` (``asked``; the process's allocator is
+    capped at it too) or the free memory now, less the reserve (harness.memory.default_budget)."""
+    size = memory.parse_size(asked) if asked else None
+    free, total = torch.cuda.mem_get_info()
+    if size:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, size / total))
+    return memory.default_budget(free + torch.cuda.memory_reserved(), size)
+
+
+def beyond_budget(s, name: str, budget: int, sample_elements: int) -> str | None:
+    """Why shape ``s`` cannot run within ``budget``, or None."""
+    need = shape_need(s, sample_elements)
+    if need <= budget:
+        return None
+    return (f"out of memory, not run: {name} needs about {memory.fmt(need)} (inputs, outputs, the oracle's "
+            f"sample), more than the budget of {memory.fmt(budget)}")

@@ -37,7 +37,7 @@ import pytest
 import torch
 
 from harness import bench_backward, memory, run, timing
-from harness.arena import Arena
+from harness.arena import Arena, beyond_budget, device_budget, shape_need
 from harness.cases import DTYPES, Case, make_inputs
 from harness.guards import nan_count
 from harness.runner import device_for, judge
@@ -250,24 +250,14 @@ class BenchContext:
         return self._ceiling[device]
 
     def budget(self) -> int:
-        """Device bytes the benchmarks may use: ``--gpu-memory`` (each process capped at it too) or
-        what is free at the first GPU benchmark, less a reserve (harness.memory.default_budget)."""
+        """Device bytes the benchmarks may use (harness.arena.device_budget), measured once."""
         if self._budget is None:
-            asked = self.config.getoption("gpu_memory")
-            asked = memory.parse_size(asked) if asked else None
-            free, total = torch.cuda.mem_get_info()
-            if asked:
-                torch.cuda.set_per_process_memory_fraction(min(1.0, asked / total))
-            self._budget = memory.default_budget(free + torch.cuda.memory_reserved(), asked)
+            self._budget = device_budget(self.config.getoption("gpu_memory"))
         return self._budget
 
     def fits(self, s: BenchShape) -> str | None:
         """Why a shape cannot run within the budget, or None."""
-        need = shape_need(s)
-        if need <= self.budget():
-            return None
-        return (f"out of memory, not run: {s.group} needs about {memory.fmt(need)} (inputs, outputs, the "
-                f"oracle's sample), more than the budget of {memory.fmt(self.budget())}")
+        return beyond_budget(s, s.group, self.budget(), CHECK_ELEMENTS)
 
     def arena(self, device: str) -> Arena:
         """The one buffer every benchmark on ``device`` takes its tensors from (Arena.for_shapes),
@@ -278,7 +268,7 @@ class BenchContext:
             if device == "cuda":
                 shapes = [s for s in shapes if self.fits(s) is None]
                 # the fill is the memory a kernel's own y takes: shape_need counts it, the room excludes it
-                room = self.budget() - max((shape_need(s) - 2 * s.m * s.n * DTYPES[s.dtype].itemsize
+                room = self.budget() - max((shape_need(s, CHECK_ELEMENTS) - 2 * s.m * s.n * DTYPES[s.dtype].itemsize
                                             for s in shapes), default=0)
             self._arenas[device] = Arena.for_shapes(shapes, device, room)
         return self._arenas[device]
@@ -377,17 +367,6 @@ def runnable_spec(k: NormKernel, s: BenchShape) -> tuple[NormSpec, str]:
     if reason:
         pytest.skip(reason)
     return spec, device
-
-
-def shape_need(s: BenchShape) -> int:
-    """Device bytes one benchmark of ``s`` needs: its arena layout, a y and statistics a kernel may
-    allocate itself (twice: eager's result and a copy), the oracle's float64 sample; the backward
-    adds dy, dx and the screen's float64 reference over all rows."""
-    e, b = s.m * s.n, DTYPES[s.dtype].itemsize
-    need = Arena.layout(s)[1] + 2 * e * b + 4 * CHECK_ELEMENTS * 8
-    if s.regime == "backward":
-        need += 2 * e * b + 6 * 8 * e
-    return need
 
 
 def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:

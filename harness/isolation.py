@@ -128,7 +128,7 @@ def plan_workers(config) -> None:
         return
     gpus = visible_gpus()
     cores = _cores()
-    budgets = gpu_budgets(config, gpus)
+    budgets = memory.gpu_budgets(config.getoption("gpu_memory"), gpus)
     if asked in (None, "auto", "logical"):
         per_gpu = config.getoption("workers_per_gpu") or max(1, cores // max(1, len(gpus)))
         if budgets and not config.getoption("workers_per_gpu"):  # no more workers than the memory holds
@@ -150,22 +150,6 @@ def plan_workers(config) -> None:
         registry.load_all(config.getoption("backend_file"))
         limit = config.getoption("crash_limit") * max(1, len(registry.backends())) * 2 + 2 * count
         config.option.maxworkerrestart = str(limit)
-
-
-def gpu_budgets(config, gpus: list[str]) -> dict[str, int]:
-    """GPU token -> the bytes its workers may hold together (harness.memory.default_budget)."""
-    asked = config.getoption("gpu_memory")
-    try:
-        size = memory.parse_size(asked) if asked else None
-    except ValueError as exc:
-        raise pytest.UsageError(f"--gpu-memory: {exc}") from exc
-    measured = memory.measure_gpus(gpus) if gpus else {}
-    out = {}
-    for token, (free, total) in measured.items():
-        if size and size > total:
-            raise pytest.UsageError(f"--gpu-memory {asked} is more than GPU {token}'s {memory.fmt(total)}")
-        out[token] = memory.default_budget(free, size)
-    return out
 
 
 def worker_id(config) -> str | None:

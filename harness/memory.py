@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import os
 import re
 import subprocess
@@ -237,6 +236,22 @@ def default_budget(free: int, asked: int | None) -> int:
     return max(0, base - max(RESERVE_MIN, int(RESERVE_FRACTION * base)))
 
 
+def gpu_budgets(asked: str | None, gpus: list[str]) -> dict[str, int]:
+    """GPU token -> the bytes its workers may hold together (default_budget; ``asked``: --gpu-memory)."""
+    import pytest
+
+    try:
+        size = parse_size(asked) if asked else None
+    except ValueError as exc:
+        raise pytest.UsageError(f"--gpu-memory: {exc}") from exc
+    out = {}
+    for token, (free, total) in (measure_gpus(gpus) if gpus else {}).items():
+        if size and size > total:
+            raise pytest.UsageError(f"--gpu-memory {asked} is more than GPU {token}'s {fmt(total)}")
+        out[token] = default_budget(free, size)
+    return out
+
+
 def workers_for(budget: int, wanted: int) -> int:
     """How many workers one GPU takes: ``wanted`` (its share of the cores), fewer where the budget
     cannot give each its context and WORKER_MIN_BYTES."""
@@ -379,7 +394,3 @@ class GpuLedger:
 
 def ledger_path(directory: Path, gpu: str) -> Path:
     return Path(directory) / f"gpu{gpu}.ledger.json"
-
-
-def ceil_mib(n: float) -> int:
-    return int(math.ceil(n / MIB) * MIB)

@@ -279,6 +279,29 @@ class MemoryWatch:
             self.ledger.set_held(self._held())
 
 
+def deselect_below(state, items) -> None:
+    """``--min-check-memory``: only the checks whose estimate reaches it stay selected."""
+    floor = state.config.getoption("min_check_memory")
+    if not floor:
+        return
+    floor = memory.parse_size(floor)
+    kernels, cases = state.kernel_index, state.case_index
+
+    def below(item) -> bool:
+        rec = state.records.get(item.nodeid)
+        kernel = rec and kernels.get((rec["kernel"], rec["op"]))
+        if kernel is None:
+            return True
+        peers = [k for k in state.kernels if k.op == kernel.op and k is not kernel]
+        return memory.check_estimate(rec["test"], cases.get(rec.get("case")), kernel, peers=peers).total < floor
+
+    marked = {i.nodeid: below(i) for i in items}
+    drop = [i for i in items if marked[i.nodeid]]
+    if drop:
+        state.config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if not marked[i.nodeid]]
+
+
 def _cuda_available() -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and torch.cuda.is_available()
@@ -296,11 +319,3 @@ def _call(pyfuncitem) -> None:
     funcargs = pyfuncitem.funcargs
     testargs = {arg: funcargs[arg] for arg in pyfuncitem._fixtureinfo.argnames}  # noqa: SLF001
     pyfuncitem.obj(**testargs)
-
-
-def oom_wait_summary(records) -> dict:
-    """Seconds checks waited for memory, and how many waited at all."""
-    waits = [r.get("mem_wait_s") or 0.0 for r in records]
-    return {"total_s": round(sum(waits), 1), "checks": sum(1 for w in waits if w > 0.01),
-            "longest_s": round(max(waits, default=0.0), 1)}
-

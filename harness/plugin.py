@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import compare, isolation, memory, memory_watch, properties, scheduling
+from harness import compare, isolation, memory_watch, properties, scheduling
 from harness.run import (STATE, backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir,
                          split_names, write_partial)
 from harness.cases import DTYPES, Case, backward_catalogue, catalogue
@@ -224,7 +224,7 @@ class HarnessState:
                 if left_out:  # every check of a (case, kernel) pair, in one place
                     item.add_marker(pytest.mark.skip(reason=left_out))
             self.records[item.nodeid] = rec
-        self.deselect_below_memory(items)
+        memory_watch.deselect_below(self, items)
         shard = scheduling.parse_shard(self.config.getoption("shard"))
         if shard:
             k, n = shard
@@ -276,28 +276,6 @@ class HarnessState:
             why = self.watch.banned(rec["kernel"])
             if why:
                 pytest.skip(why)
-
-    def deselect_below_memory(self, items) -> None:
-        """``--min-check-memory``: only the checks whose estimate reaches it stay (harness.memory)."""
-        floor = self.config.getoption("min_check_memory")
-        if not floor:
-            return
-        floor = memory.parse_size(floor)
-        kernels, cases = self.kernel_index, self.case_index
-
-        def below(item) -> bool:
-            rec = self.records.get(item.nodeid)
-            kernel = rec and kernels.get((rec["kernel"], rec["op"]))
-            if kernel is None:
-                return True
-            peers = [k for k in self.kernels if k.op == kernel.op and k is not kernel]
-            return memory.check_estimate(rec["test"], cases.get(rec.get("case")), kernel, peers=peers).total < floor
-
-        marked = {i.nodeid: below(i) for i in items}
-        drop = [i for i in items if marked[i.nodeid]]
-        if drop:
-            self.config.hook.pytest_deselected(items=drop)
-            items[:] = [i for i in items if not marked[i.nodeid]]
 
     def deselect_unselected(self, items) -> None:
         """What this run does not select is deselected, not skipped: a parametrisation left empty

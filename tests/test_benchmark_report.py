@@ -478,7 +478,8 @@ def test_host_calls_shrink_with_device_time_and_pairs_only_where_judged():
 
 
 def test_headline_set_covers_every_regime_and_the_budget_skips_what_cannot_fit():
-    from harness.bench import BenchContext, shape_need
+    from harness.arena import shape_need
+    from harness.bench import CHECK_ELEMENTS, BenchContext
     from harness.report.host import judges_host
     from harness.shapes import HEADLINE_LONG_N
 
@@ -495,6 +496,6 @@ def test_headline_set_covers_every_regime_and_the_budget_skips_what_cannot_fit()
 
     ctx = BenchContext(Config())
     long = next(s for s in shapes if s.n in HEADLINE_LONG_N)
-    ctx._budget = shape_need(long) - 1  # noqa: SLF001 (a card one byte too small for the long rows)
+    ctx._budget = shape_need(long, CHECK_ELEMENTS) - 1  # noqa: SLF001 (a card one byte too small for the long rows)
     assert ctx.fits(long).startswith("out of memory, not run: ") and "more than the budget" in ctx.fits(long)
     assert all(ctx.fits(s) is None for s in shapes if s.n not in HEADLINE_LONG_N)

@@ -133,21 +133,13 @@ def test_sizes_and_messages():
 
 
 def test_budget_from_a_fake_card(monkeypatch):
-    from harness import isolation
-
     monkeypatch.setenv(memory.FAKE_MEMORY_ENV, "70GiB,80GiB")
-
-    class Config:
-        def __init__(self, asked):
-            self.asked = asked
-
-        def getoption(self, name):
-            return self.asked
-
-    assert isolation.gpu_budgets(Config(None), ["0", "1"]) == {"0": 70 * GIB - int(3.5 * GIB), "1": 66.5 * GIB}
-    assert isolation.gpu_budgets(Config("24GiB"), ["0"]) == {"0": 24 * GIB - int(0.05 * 24 * GIB)}
+    assert memory.gpu_budgets(None, ["0", "1"]) == {"0": 70 * GIB - int(3.5 * GIB), "1": 66.5 * GIB}
+    assert memory.gpu_budgets("24GiB", ["0"]) == {"0": 24 * GIB - int(0.05 * 24 * GIB)}
     with pytest.raises(pytest.UsageError, match="more than GPU 0"):
-        isolation.gpu_budgets(Config("100GiB"), ["0"])
+        memory.gpu_budgets("100GiB", ["0"])
+    with pytest.raises(pytest.UsageError, match="--gpu-memory: not a memory size"):
+        memory.gpu_budgets("lots", ["0"])
 
 
 def test_admission_keeps_workers_within_one_budget(tmp_path):

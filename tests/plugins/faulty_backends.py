@@ -17,11 +17,10 @@ import ctypes
 import os
 import time
 
-import torch
 
 from harness import isolation
 from harness.cases import catalogue
-from impls.base import NormKernel
+from tests.plugins.rms_base import FaultableRMSNorm
 from impls.registry import register
 
 CATALOGUE_SHAPES = {(c.shape[0] if len(c.shape) == 2 else c.shape[0] * c.shape[1], c.shape[-1])
@@ -46,21 +45,7 @@ def _probe(device):
 isolation.broken_context = _probe
 
 
-class _Faulty(NormKernel):
-    op = "rms_norm"
-    outputs = ("y", "rstd")
-    variant = "v1"
-    devices = ("cpu",)
-
-    def fault(self, m, n):
-        raise NotImplementedError
-
-    def _forward(self, x, weight, bias, eps, out):
-        self.fault(x.shape[0], x.shape[1])
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
-        y = x.float() * rstd[:, None]
-        out.y.copy_(y if weight is None else y * weight.float())
-        out.rstd.copy_(rstd)
+_Faulty = FaultableRMSNorm
 
 
 @register

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from harness import isolation
-from impls.base import NormKernel
+from tests.plugins.rms_base import FaultableRMSNorm
 from impls.registry import register
 
 _sticky = False
@@ -45,21 +45,7 @@ def raise_oom(gib: float) -> None:
                                  "capacity of 79.19 GiB of which 1.25 GiB is free. (simulated)")
 
 
-class _Oom(NormKernel):
-    op = "rms_norm"
-    outputs = ("y", "rstd")
-    variant = "v1"
-    devices = ("cpu",)
-
-    def fault(self, m, n):
-        raise NotImplementedError
-
-    def _forward(self, x, weight, bias, eps, out):
-        self.fault(x.shape[0], x.shape[1])
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
-        y = x.float() * rstd[:, None]
-        out.y.copy_(y if weight is None else y * weight.float())
-        out.rstd.copy_(rstd)
+_Oom = FaultableRMSNorm
 
 
 @register
@@ -83,20 +69,16 @@ class Always(_Oom):
 @register
 class Sticky(_Oom):
     backend = "oom_sticky"
+    shape, once = (1, 769), True
 
     def fault(self, m, n):
         global _sticky
-        if (m, n) == (1, 769) and first_time(self.backend):
+        if (m, n) == self.shape and (not self.once or first_time(self.backend)):
             _sticky = True
             raise RuntimeError("CUDA error: out of memory (simulated)")
 
 
 @register
-class StickyAlways(_Oom):
+class StickyAlways(Sticky):
     backend = "oom_sticky_always"
-
-    def fault(self, m, n):
-        global _sticky
-        if (m, n) == (1025, 769):
-            _sticky = True
-            raise RuntimeError("CUDA error: out of memory (simulated)")
+    shape, once = (1025, 769), False
