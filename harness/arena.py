@@ -16,7 +16,7 @@ class Arena:
     sized for, or where the sized allocation did not fit in memory (then: ``fallback``)."""
 
     # Every part starts on a 2 MiB boundary (a large page): measured 0.2-1.9 points faster than
-    # 4 KiB offsets for the one-pass kernels (tools/layout_check.py@790c6df, docs/perf-notes.md item 13).
+    # 4 KiB offsets for the one-pass kernels (docs/perf-notes.md item 13).
     ALIGN = 2 << 20
 
     def __init__(self, nbytes: int, device: str) -> None:

@@ -36,10 +36,12 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from harness import bench_backward, memory, run, timing
+from harness import bench_backward, memory, progress, run, timing
 from harness.arena import Arena, beyond_budget, device_budget, shape_need
 from harness.cases import DTYPES, Case, make_inputs
 from harness.guards import nan_count
+from harness.isolation import first_line
+from harness.memory_watch import retryable_oom
 from harness.runner import device_for, judge
 from harness.shapes import (BACKWARD_BENCH_N, BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, HEADLINE_BACKWARD_N,
                             HEADLINE_BANDWIDTH_N, HEADLINE_DECODE, HEADLINE_DTYPES, HEADLINE_LONG_N, QUICK_BACKWARD,
@@ -54,7 +56,6 @@ CPU_ROUNDS, CPU_WARMUP = 15, 2
 
 # Correctness on a sample of rows: at most this many elements go through the float64 oracle.
 CHECK_ELEMENTS = 2**22
-PROGRESS_S = 20.0  # seconds between progress lines
 
 CONTEXT = pytest.StashKey["BenchContext"]()
 
@@ -212,17 +213,12 @@ class BenchContext:
             self.progress()
 
     def progress(self) -> None:
-        """Every PROGRESS_S: benchmarks done of those collected, elapsed, an estimate of what is left."""
-        now = time.time()
-        if now - self._progress_at < PROGRESS_S or not self.items:
+        """Every --progress-every seconds: benchmarks done of those collected, an estimate of what is left."""
+        if time.time() - self._progress_at < self.config.getoption("progress_every") or not self.items:
             return
-        self._progress_at = now
-        elapsed = now - self.started
-        left = elapsed / max(1, self.done) * (len(self.items) - self.done)
-        tr = self.config.pluginmanager.get_plugin("terminalreporter")
-        if tr is not None:
-            tr.write_line(f"normdiff benchmarks: {self.done}/{len(self.items)} done, {len(self.skipped)} skipped, "
-                          f"{len(self.failed)} failed, {elapsed:.0f} s elapsed, about {left:.0f} s left")
+        self._progress_at = time.time()
+        progress.emit(self.config, progress.headline(self.started, self.done, len(self.items), "benchmarks")
+                      + f" | {len(self.skipped)} skipped, {len(self.failed)} failed")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_benchmark_update_json(self, config, benchmarks, output_json):
@@ -381,12 +377,14 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
             return bench_backward.run_backward(item, benchmark, ctx)
         return _run_forward(item, benchmark, ctx)
     except Exception as exc:
-        if not memory.is_oom(exc) or isinstance(exc, (pytest.skip.Exception, pytest.fail.Exception)):
+        if not retryable_oom(exc):
             raise
-        message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-    if torch.cuda.is_available():
+        message = first_line(exc)[:300]
+    budget = ""
+    if device_for(item.kernel) == "cuda":
         torch.cuda.empty_cache()
-    pytest.skip(f"out of memory: {message} (budget {memory.fmt(ctx.budget())}); not a result of the kernel's")
+        budget = f" (budget {memory.fmt(ctx.budget())})"
+    pytest.skip(f"out of memory: {message}{budget}; not a result of the kernel's")
 
 
 def _run_forward(item: BenchItem, benchmark, ctx: BenchContext) -> None:

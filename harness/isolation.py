@@ -53,13 +53,6 @@ def addoption(group) -> None:
                     help="xdist workers sharing one GPU (default: the host's cores divided among its GPUs)")
     group.addoption("--shard", default=None, metavar="K/N",
                     help="run only shard K of N (1-based); a case's checks stay in one shard")
-    group.addoption("--gpu-memory", default=None, metavar="SIZE",
-                    help="GPU memory the run may use per GPU, e.g. 24GiB (default: what is free when the run "
-                         "starts, less a reserve); each process is capped at it too, so a larger card behaves "
-                         "as one of this size")
-    group.addoption("--min-check-memory", default=None, metavar="SIZE",
-                    help="run only the checks estimated to need at least SIZE of GPU memory (e.g. 1GiB beside "
-                         "--gpu-memory: the checks where memory decides); the others are deselected")
 
 
 # -- worker count and pinning -------------------------------------------------------------------
@@ -136,7 +129,7 @@ def plan_workers(config) -> None:
         count = per_gpu * len(gpus) if gpus else max(1, cores)
     else:
         count = int(asked)
-    config._normdiff_gpu_budgets = budgets  # noqa: SLF001 (the Controller writes each GPU's ledger)
+    config._normdiff_gpu_budgets = budgets  # noqa: SLF001 (memory_watch.Ledgers writes each GPU's ledger)
     specs = [f"popen//env:CUDA_VISIBLE_DEVICES={gpus[i % len(gpus)]}" if gpus else "popen" for i in range(count)]
     config.option.numprocesses = None  # xdist would replace the specs with plain popen
     config.option.tx = specs
@@ -372,18 +365,10 @@ class Controller:
         self.dir = Path(tempfile.mkdtemp(prefix="normdiff-workers-"))
         self.limit = config.getoption("crash_limit")
         self.crashes: Counter = Counter()
-        self.budgets = getattr(config, "_normdiff_gpu_budgets", {}) or {}
-        for token, budget in self.budgets.items():
-            memory.GpuLedger.create(memory.ledger_path(self.dir, token), budget)
-        self.oom_retried: set[str] = set()
+        self.oom_retried: set[str] = set()  # checks requeued after a sticky out-of-memory (memory_watch)
 
     def pytest_configure_node(self, node):
         node.workerinput["normdiff_dir"] = str(self.dir)
-        token = (node.gateway.spec.env or {}).get("CUDA_VISIBLE_DEVICES")
-        if token in self.budgets:
-            node.workerinput["normdiff_gpu"] = token
-            specs = self.config.option.tx or []
-            node.workerinput["normdiff_workers_on_gpu"] = sum(1 for s in specs if s.endswith(f"={token}")) or 1
 
     def read(self, worker: str, suffix: str) -> str:
         try:
@@ -391,27 +376,12 @@ class Controller:
         except OSError:
             return ""
 
-    def retry_alone(self, worker: str, crashitem: str) -> bool:
-        """A worker died of a sticky out-of-memory in ``crashitem``: the first time, the check goes
-        back to the queue to run alone on its GPU (harness.memory_watch reads alone.json), and
-        the event is recorded; the second time it is charged (as *out of memory*)."""
+    def note(self, worker: str) -> dict:
+        """What a worker last said it was doing (CallWatch.note), {} when unreadable."""
         try:
-            note = json.loads(self.read(worker, "note") or "{}")
+            return json.loads(self.read(worker, "note") or "{}")
         except json.JSONDecodeError:
-            return False
-        if note.get("nodeid") != crashitem or not memory.is_oom_text(note.get("fatal")):
-            return False
-        if crashitem in self.oom_retried:
-            return False
-        self.oom_retried.add(crashitem)
-        tmp = self.dir / "alone.json.tmp"
-        tmp.write_text(json.dumps(sorted(self.oom_retried)))
-        os.replace(tmp, self.dir / "alone.json")
-        rec = self.state.records.setdefault(crashitem, {})
-        rec.setdefault("oom_events", []).append(
-            {"attempt": "first try (sticky: the worker's CUDA context was lost)", "message": note["fatal"][:400],
-             "asked": memory.requested_bytes(note["fatal"]), "worker": worker})
-        return True
+            return {}
 
     def pytest_xdist_node_collection_finished(self, node, ids):
         path = self.dir / f"{node.gateway.id}.collection.json"
@@ -422,10 +392,7 @@ class Controller:
     def pytest_handlecrashitem(self, crashitem, report, sched):
         worker = report.node.gateway.id
 
-        try:
-            note = json.loads(self.read(worker, "note") or "{}")
-        except json.JSONDecodeError:
-            note = {}
+        note = self.note(worker)
         if note.get("nodeid") not in (None, crashitem):
             note = {}
         crash = classify(note, self.read(worker, "fault"), worker)
@@ -434,8 +401,7 @@ class Controller:
         self.state.crashes[crashitem] = crash
         if crash["kind"] == "out of memory":  # a resource event, not the kernel's: never a failure
             self.state.records.setdefault(crashitem, {}).setdefault("oom_events", []).append(
-                {"attempt": "alone (sticky)", "message": crash["detail"][:400],
-                 "asked": memory.requested_bytes(crash["detail"]), "worker": worker})
+                memory.sticky_oom_event("alone (sticky)", crash["detail"], worker))
             report.outcome = "skipped"
             report.longrepr = (crashitem.split("::")[0], 0, f"Skipped: out of memory: {crash['detail']} "
                                f"({crash['where']}, worker {worker}); retried alone and out of memory again")

@@ -188,7 +188,7 @@ def is_oom(exc: BaseException | None) -> bool:
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(exc, torch.OutOfMemoryError):
             return True
-        if "out of memory" in str(exc).lower():
+        if is_oom_text(str(exc)):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
@@ -209,6 +209,11 @@ def requested_bytes(message: str) -> int | None:
     unit = {"bytes": "b"}.get(m.group(2), m.group(2)).lower()
     unit = unit if unit.endswith("ib") or unit == "b" else unit[0] + "ib"  # torch prints GiB as "GiB"
     return int(float(m.group(1)) * _UNITS[unit])
+
+
+def sticky_oom_event(attempt: str, message: str, worker: str) -> dict:
+    """The record of an out-of-memory that broke a worker's CUDA context (read from its note)."""
+    return {"attempt": attempt, "message": message[:400], "asked": requested_bytes(message), "worker": worker}
 
 
 # -- the card -------------------------------------------------------------------------------------
@@ -267,11 +272,8 @@ class GpuLedger:
     holds ``held`` (context + reserved, between checks), ``need`` (the running check's estimate,
     0 when none), ``ticket`` (when it began to wait, None when not waiting) and ``alone``."""
 
-    def __init__(self, path: Path, worker: str, budget: int | None = None):
+    def __init__(self, path: Path, worker: str):
         self.path, self.worker = Path(path), worker
-        if budget is not None and not self.path.exists():
-            self.create(path, budget)
-        self.waited_s = 0.0
 
     @staticmethod
     def create(path: Path, budget: int) -> None:
@@ -377,9 +379,7 @@ class GpuLedger:
                     self.set_held(held)
             first = False
             time.sleep(POLL_S)
-        waited = time.monotonic() - started
-        self.waited_s += waited
-        return waited
+        return time.monotonic() - started
 
     def done(self, held: int) -> None:
         """The check ended: its need goes, what the worker now holds stays."""

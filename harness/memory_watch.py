@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from harness import memory
-from harness.isolation import first_line
+from harness.isolation import first_line, release_gpu_memory
 from harness.memory import fmt
 
 OOM = "out of memory: "  # prefix of the skip reason of a check that ran out of memory alone too
@@ -77,7 +78,6 @@ class MemoryWatch:
         self._alone: set = set()
         self._alone_mtime = None
         self._before = 0
-        self._case: str | None = None
 
     # -- set-up, on the first check that runs on the GPU --------------------------------------
     def _setup(self) -> None:
@@ -151,34 +151,26 @@ class MemoryWatch:
                 self._record(pyfuncitem, fields)
                 pytest.skip(f"{TOO_BIG}the check needs about {fmt(est.total)} ({est.describe()}), more than this "
                             f"GPU's budget of {fmt(self.budget)}{' (--gpu-memory)' if self.asked else ''}")
-        alone = self._must_run_alone(pyfuncitem.nodeid)
         events: list[dict] = []
         waited = 0.0
+        # The first try (alone already if its worker died of a sticky out-of-memory), then once alone.
+        attempts = ["alone"] if self._must_run_alone(pyfuncitem.nodeid) else ["first try", "alone"]
         try:
-            waited += self._admit(est.total, alone, gpu)
-            self._start(gpu)
-            try:
-                _call(pyfuncitem)
-            except BaseException as exc:  # noqa: BLE001 (an out-of-memory is retried, anything else raised)
-                if not _oom(exc):
-                    raise
-                events.append(self._event(exc, est, kernel, "alone" if alone else "first try", gpu))
-                del exc
-                if alone:
-                    raise self._give_up(events) from None
-                self._free_all(gpu)
-                if self.ledger is not None:
-                    self.ledger.done(self._held())
-                waited += self._admit(est.total, True, gpu)
+            for attempt in attempts:
+                waited += self._admit(est.total, attempt == "alone", gpu)
                 self._start(gpu)
                 try:
                     _call(pyfuncitem)
-                except BaseException as exc:  # noqa: BLE001
-                    if not _oom(exc):
+                    break
+                except BaseException as exc:  # noqa: BLE001 (an out-of-memory is retried, anything else raised)
+                    if not retryable_oom(exc):
                         raise
-                    events.append(self._event(exc, est, kernel, "alone", gpu))
-                    del exc
-                    raise self._give_up(events) from None
+                    events.append(self._event(exc, est, kernel, attempt, gpu))
+                self._free_all(gpu)  # the failed try's tensors and the case's caches go first
+                if self.ledger is not None:
+                    self.ledger.done(self._held())
+            else:
+                raise self._give_up(events)
         finally:
             if gpu:
                 import torch
@@ -201,8 +193,6 @@ class MemoryWatch:
 
     def _admit(self, need: int, alone: bool, gpu: bool) -> float:
         if self.ledger is None or not gpu:
-            if alone:
-                self._free_all(gpu)
             return 0.0
         return self.ledger.admit(need, alone=alone, while_waiting=self._hand_back)
 
@@ -269,14 +259,55 @@ class MemoryWatch:
         self._update_held()
 
     def _update_held(self) -> None:
-        """Hand back cache beyond this worker's share, then tell the ledger what it holds."""
-        import torch
-
-        keep = (self.budget or 0) // (8 * self.workers_on_gpu)
-        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > keep:
-            torch.cuda.empty_cache()
+        """Hand back cache beyond this worker's share of the budget, then tell the ledger what it holds."""
+        release_gpu_memory(keep_bytes=(self.budget or 0) // (8 * self.workers_on_gpu))
         if self.ledger is not None:
             self.ledger.set_held(self._held())
+
+
+def addoption(group) -> None:
+    group.addoption("--gpu-memory", default=None, metavar="SIZE",
+                    help="GPU memory the run may use per GPU, e.g. 24GiB (default: what is free when the run "
+                         "starts, less a reserve); each process is capped at it too, so a larger card behaves "
+                         "as one of this size")
+    group.addoption("--min-check-memory", default=None, metavar="SIZE",
+                    help="run only the checks estimated to need at least SIZE of GPU memory (e.g. 1GiB beside "
+                         "--gpu-memory: the checks where memory decides); the others are deselected")
+
+
+class Ledgers:
+    """On the controller: one ledger per GPU in the workers' directory, with the budget measured
+    when the run started (isolation.plan_workers), and each worker told its GPU and how many share it."""
+
+    def __init__(self, config, directory: Path):
+        self.config, self.budgets = config, getattr(config, "_normdiff_gpu_budgets", {}) or {}
+        for token, budget in self.budgets.items():
+            memory.GpuLedger.create(memory.ledger_path(directory, token), budget)
+
+    def pytest_configure_node(self, node):
+        token = (node.gateway.spec.env or {}).get("CUDA_VISIBLE_DEVICES")
+        if token in self.budgets:
+            node.workerinput["normdiff_gpu"] = token
+            specs = self.config.option.tx or []
+            node.workerinput["normdiff_workers_on_gpu"] = sum(1 for s in specs if s.endswith(f"={token}")) or 1
+
+
+def retry_alone(controller, worker: str, crashitem: str) -> bool:
+    """On the controller: a worker died of a sticky out-of-memory in ``crashitem``. The first time,
+    the check goes back to the queue to run alone on its GPU (a worker reads alone.json) and the
+    event is recorded; the second time it is charged, as *out of memory* (Controller.pytest_handlecrashitem)."""
+    note = controller.note(worker)
+    if note.get("nodeid") != crashitem or not memory.is_oom_text(note.get("fatal")):
+        return False
+    if crashitem in controller.oom_retried:
+        return False
+    controller.oom_retried.add(crashitem)
+    tmp = controller.dir / "alone.json.tmp"
+    tmp.write_text(json.dumps(sorted(controller.oom_retried)))
+    os.replace(tmp, controller.dir / "alone.json")
+    controller.state.records.setdefault(crashitem, {}).setdefault("oom_events", []).append(
+        memory.sticky_oom_event("first try (sticky: the worker's CUDA context was lost)", note["fatal"], worker))
+    return True
 
 
 def deselect_below(state, items) -> None:
@@ -307,8 +338,9 @@ def _cuda_available() -> bool:
     return torch is not None and torch.cuda.is_available()
 
 
-def _oom(exc: BaseException) -> bool:
-    """An out-of-memory to retry (pytest's own outcomes never are)."""
+def retryable_oom(exc: BaseException) -> bool:
+    """An out-of-memory (pytest's own outcomes never are one), which a check retries alone and a
+    benchmark skips with its reason (harness.bench)."""
     if isinstance(exc, (pytest.skip.Exception, pytest.fail.Exception, pytest.xfail.Exception)):
         return False
     return memory.is_oom(exc)

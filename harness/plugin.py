@@ -53,6 +53,7 @@ def pytest_addoption(parser):
     group.addoption("--progress-every", type=float, default=20.0, metavar="S",
                     help="seconds between progress lines (checks done per backend, time left)")
     isolation.addoption(group)
+    memory_watch.addoption(group)
 
 
 def backend_help() -> str:
@@ -389,6 +390,7 @@ def pytest_configure(config):
     if getattr(config, "_normdiff_schedule", False) and not isolation.worker_id(config):
         state.controller = isolation.Controller(config, state)
         config.pluginmanager.register(state.controller, "normdiff-controller")
+        config.pluginmanager.register(memory_watch.Ledgers(config, state.controller.dir), "normdiff-ledgers")
     elif not is_benchmark_run(config):
         state.watch = isolation.CallWatch(config)
         memory_watch.register_cache(lambda: (state.oracle, state._last_outputs, state._last_scales),  # noqa: SLF001

@@ -41,17 +41,27 @@ class Progress:
     def line(self) -> str:
         total = self.total()
         done, all_ = sum(self.done.values()), sum(total.values())
-        elapsed = time.time() - self.started
-        eta = f", about {elapsed / done * (all_ - done):.0f} s left" if done and all_ > done else ""
         parts = [f"{p} {self.done[p]}/{n}" + (" done" if self.done[p] >= n else "")
                  for p, n in sorted(total.items(), key=lambda x: (x[0] == "compile", x[0]))]
-        return (f"[normdiff {elapsed:.0f} s] {done}/{all_} checks{eta} | " + " | ".join(parts)
+        return (headline(self.started, done, all_, "checks") + " | " + " | ".join(parts)
                 + (f" | first calls that compiled: {self.compiles}" if self.compiles else ""))
 
     def write(self) -> None:
         self.last = time.time()
-        tr = self.config.pluginmanager.get_plugin("terminalreporter")
-        if tr is None or not self.state.records:
-            return
+        if self.state.records:
+            emit(self.config, self.line())
+
+
+def headline(started: float, done: int, total: int, what: str) -> str:
+    """"[normdiff 120 s] 40/300 checks, about 780 s left": the start of a progress line."""
+    elapsed = time.time() - started
+    eta = f", about {elapsed / done * (total - done):.0f} s left" if done and total > done else ""
+    return f"[normdiff {elapsed:.0f} s] {done}/{total} {what}{eta}"
+
+
+def emit(config, line: str) -> None:
+    """One progress line through pytest's terminal reporter (plain, so a CI log reads the same)."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
         tr.ensure_newline()
-        tr.write_line(self.line())
+        tr.write_line(line)

@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from harness import memory_watch
 from harness.isolation import LoadScopeScheduling
 from harness.shapes import HUGE_ELEMENTS
 
@@ -172,7 +173,7 @@ class CaseScheduling(LoadScopeScheduling):
             return None
         crashitem = pending[0]
         controller = self.state.controller
-        if controller is not None and controller.retry_alone(node.gateway.id, crashitem):
+        if controller is not None and memory_watch.retry_alone(controller, node.gateway.id, crashitem):
             crashitem = None  # an out-of-memory that broke the context: run again, alone (once)
         for unit in workload.values():
             unit.pop(crashitem, None)  # reported as crashed by the controller, never re-run
