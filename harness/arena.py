@@ -108,5 +108,5 @@ def beyond_budget(s, name: str, budget: int, sample_elements: int) -> str | None
     need = shape_need(s, sample_elements)
     if need <= budget:
         return None
-    return (f"out of memory, not run: {name} needs about {memory.fmt(need)} (inputs, outputs, the oracle's "
+    return (f"{memory.TOO_BIG}{name} needs about {memory.fmt(need)} (inputs, outputs, the oracle's "
             f"sample), more than the budget of {memory.fmt(budget)}")

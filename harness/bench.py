@@ -384,7 +384,7 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     if device_for(item.kernel) == "cuda":
         torch.cuda.empty_cache()
         budget = f" (budget {memory.fmt(ctx.budget())})"
-    pytest.skip(f"out of memory: {message}{budget}; not a result of the kernel's")
+    pytest.skip(f"{memory.OOM}{message}{budget}; not a result of the kernel's")
 
 
 def _run_forward(item: BenchItem, benchmark, ctx: BenchContext) -> None:

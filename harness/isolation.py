@@ -403,7 +403,7 @@ class Controller:
             self.state.records.setdefault(crashitem, {}).setdefault("oom_events", []).append(
                 memory.sticky_oom_event("alone (sticky)", crash["detail"], worker))
             report.outcome = "skipped"
-            report.longrepr = (crashitem.split("::")[0], 0, f"Skipped: out of memory: {crash['detail']} "
+            report.longrepr = (crashitem.split("::")[0], 0, f"Skipped: {memory.OOM}{crash['detail']} "
                                f"({crash['where']}, worker {worker}); retried alone and out of memory again")
             return
         if kernel:

@@ -38,6 +38,11 @@ RESERVE_FRACTION, RESERVE_MIN = 0.05, 1 * GIB
 WORKER_MIN_BYTES = 1 * GIB
 FAKE_MEMORY_ENV = "NORMDIFF_FAKE_GPU_MEMORY"  # "FREE,TOTAL" bytes: the free memory the run start sees (tests)
 
+# Prefixes of the skip reasons of the memory's outcomes: a check that ran out of memory alone too
+# (counted as *out of memory*), and one that cannot fit the budget (a skip with its reason).
+OOM = "out of memory: "
+TOO_BIG = "out of memory, not run: "
+
 # -- sizes ------------------------------------------------------------------------------------
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}

@@ -16,20 +16,19 @@ import pytest
 
 from harness import memory
 from harness.isolation import first_line, release_gpu_memory
-from harness.memory import fmt
+from harness.memory import OOM, TOO_BIG, fmt
 
-OOM = "out of memory: "  # prefix of the skip reason of a check that ran out of memory alone too
-TOO_BIG = "out of memory, not run: "  # prefix of the skip reason of a check that cannot fit the budget
 # Memory a check leaves allocated beyond the harness's own caches, counted from this much per check.
 RETAINED_MIN = 1 * memory.MIB
 
-# What the harness keeps between the checks of one case (oracles, kept outputs): (objects, forget).
-# A test module with caches of its own registers them here (harness/test_backward.py).
-CACHES: list[tuple] = []
+# What the harness keeps between the checks of one case (oracles, kept outputs): name -> (objects,
+# forget). A test module with caches of its own registers them here (harness/test_backward.py); a
+# second registration under a name (another pytest session in the process) replaces the first.
+CACHES: dict[str, tuple] = {}
 
 
-def register_cache(objects, forget) -> None:
-    CACHES.append((objects, forget))
+def register_cache(name: str, objects, forget) -> None:
+    CACHES[name] = (objects, forget)
 
 
 def cache_bytes() -> int:
@@ -54,13 +53,13 @@ def cache_bytes() -> int:
             for v in vars(obj).values():
                 walk(v, depth + 1)
 
-    for objects, _ in CACHES:
+    for objects, _ in CACHES.values():
         walk(objects())
     return sum(seen.values())
 
 
 def forget_caches() -> None:
-    for _, forget in CACHES:
+    for _, forget in CACHES.values():
         forget()
 
 

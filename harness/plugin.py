@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import compare, isolation, memory_watch, properties, scheduling
+from harness import compare, isolation, memory, memory_watch, properties, scheduling
 from harness.run import (STATE, backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir,
                          split_names, write_partial)
 from harness.cases import DTYPES, Case, backward_catalogue, catalogue
@@ -345,7 +345,7 @@ class HarnessState:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             reason = reason.removeprefix("Skipped: ")
             outcome = ("not run" if reason.startswith(isolation.NOT_RUN) else
-                       "out of memory" if reason.startswith(memory_watch.OOM) else "skipped")
+                       "out of memory" if reason.startswith(memory.OOM) else "skipped")
             rec.update(outcome=outcome, reason=reason)
         elif rec.get("outcome") != "failed":
             rec["outcome"] = report.outcome
@@ -393,7 +393,8 @@ def pytest_configure(config):
         config.pluginmanager.register(memory_watch.Ledgers(config, state.controller.dir), "normdiff-ledgers")
     elif not is_benchmark_run(config):
         state.watch = isolation.CallWatch(config)
-        memory_watch.register_cache(lambda: (state.oracle, state._last_outputs, state._last_scales),  # noqa: SLF001
+        memory_watch.register_cache("the checks' oracle and kept outputs",
+                                    lambda: (state.oracle, state._last_outputs, state._last_scales),  # noqa: SLF001
                                     state.forget_case)
         config.pluginmanager.register(memory_watch.MemoryWatch(config, state), "normdiff-memory")
     _start_profile(config)

@@ -20,7 +20,7 @@ def _forget() -> None:
     _LAST.update(case=None, grads={}, allowances={})
 
 
-memory_watch.register_cache(lambda: (_ORACLE, _LAST), _forget)
+memory_watch.register_cache("the backward's oracle and kept gradients", lambda: (_ORACLE, _LAST), _forget)
 
 
 def pytest_generate_tests(metafunc):

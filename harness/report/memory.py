@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from harness.memory import fmt
+from harness.memory import TOO_BIG, fmt
 
 EXAMPLES = 3
 # A kernel whose checks left this much allocated after them in all (beyond the harness's caches)
@@ -98,7 +98,7 @@ def render_memory(doc: dict, table) -> list[str]:
     if gpu:
         lines.append(f"- checks that waited for memory: {len(waited)} of {len(gpu)}, {sum(waits):.1f} s in all"
                      + (f", the longest {max(waited):.1f} s" if waited else ""))
-    too_big = [r for r in records if str(r.get("reason", "")).startswith("out of memory, not run")]
+    too_big = [r for r in records if str(r.get("reason", "")).startswith(TOO_BIG)]
     if too_big:
         lines.append(f"- skipped up front, larger than the budget: {len(too_big)} checks")
     lines += _render_events(records, events, table)
