@@ -38,10 +38,8 @@ RESERVE_FRACTION, RESERVE_MIN = 0.05, 1 * GIB
 WORKER_MIN_BYTES = 1 * GIB
 FAKE_MEMORY_ENV = "NORMDIFF_FAKE_GPU_MEMORY"  # "FREE,TOTAL" bytes: the free memory the run start sees (tests)
 
-# Prefixes of the skip reasons of the memory's outcomes: a check that ran out of memory alone too
-# (counted as *out of memory*), and one that cannot fit the budget (a skip with its reason).
-OOM = "out of memory: "
-TOO_BIG = "out of memory, not run: "
+OOM = "out of memory: "  # a skip reason's prefix: out of memory alone too (counted as *out of memory*)
+TOO_BIG = "out of memory, not run: "  # a skip reason's prefix: the check cannot fit the budget
 
 # -- sizes ------------------------------------------------------------------------------------
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
