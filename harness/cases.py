@@ -1,8 +1,13 @@
-"""The case catalogue: plain values, generated from a few declarative tables.
+"""The case catalogue: plain values, expanded from two tables of rows.
 
 A Case says everything needed to rebuild its inputs bit for bit (the seed is derived from its id),
 so a failure reproduces from the pytest id alone. Profiles pick subsets: ``quick`` for CPU and
 CI, ``full`` for a GPU.
+
+To add a case, add a row (``Rows``: profiles, tags, shapes, dtypes, then dist, eps, affine,
+row_pad, ops) to ``FORWARD_ROWS`` for the forward checks or to ``BACKWARD_ROWS`` for the backward
+ones (``catalogue`` and ``backward_catalogue`` expand them); a new N or M for every case goes in
+harness/shapes.py.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.inputs import Inputs, make_dy, make_inputs  # noqa: F401 (imported from here)
 from harness.shapes import (BACKWARD_LARGE_M, BACKWARD_N, BACKWARD_N_FULL, BACKWARD_TAIL_M, BACKWARD_TAIL_M_FULL,
                             CHECK_LONG_N, CHECK_LONG_N_QUICK, HUGE_CASES, ODD_N, POW2_N, TAIL_M, TAIL_M_FULL)
 from impls.base import DEFAULT_EPS, NormSpec
@@ -35,7 +41,7 @@ class Case:
     op: str
     dtype: str
     shape: tuple[int, ...]  # (M, N) or (B, S, N)
-    dist: str = "normal"  # see make_x
+    dist: str = "normal"  # see harness.inputs.make_x
     eps: float | None = None  # None: the op's default
     affine: str = "weight_bias"  # one of AFFINE; rms_norm has no bias ("bias" is LayerNorm's only)
     row_pad: int = 0  # extra elements between rows of x (strided rows)
@@ -104,259 +110,161 @@ class Case:
         return self.rows * (self.n + self.row_pad) * self.torch_dtype.itemsize
 
 
-@dataclass
-class Inputs:
-    x: torch.Tensor
-    weight: torch.Tensor | None
-    bias: torch.Tensor | None
-    eps: float
-    storage: torch.Tensor  # x with the padding between its rows
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        named = {"x": self.storage, "weight": self.weight, "bias": self.bias}
-        return {k: v for k, v in named.items() if v is not None}
+# -- the catalogue: tables of rows -----------------------------------------------------------
+# Each table is a tuple of Rows; a row expands to every shape x dtype x op it names, in that order
+# (the ops innermost), in the profiles it names.
+QUICK, FULL, BOTH = ("quick",), ("full",), ("quick", "full")
+ALL = tuple(DTYPES)  # float32, float16, bfloat16
+F32, F16, BF16, F32_BF16 = ("float32",), ("float16",), ("bfloat16",), ("float32", "bfloat16")
 
 
-def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:
-    """Deterministic inputs for a case, drawn on ``device`` from a seed derived from the case id
-    (the same bits on every run on the same kind of device)."""
-    gen = torch.Generator(device=device).manual_seed(case.seed)
-    dtype = case.torch_dtype
-    lead, n = case.shape[:-1], case.n
-    storage = make_x(case.dist, (*lead, n + case.row_pad), dtype, gen)
-    x = storage[..., :n]
-    weight = bias = None
-    if case.has_weight:  # weights away from one, some negative: an ignored weight shows
-        weight = (1.0 + 0.5 * torch.randn(n, generator=gen, device=gen.device)).to(dtype)
-    if case.has_bias:
-        bias = (0.5 * torch.randn(n, generator=gen, device=gen.device)).to(dtype)
-    return Inputs(x=x, weight=weight, bias=bias, eps=case.eps_value, storage=storage)
+@dataclass(frozen=True)
+class Rows:
+    """Cases of one line of a table: every shape x dtype x op, with these fields and tags."""
+
+    profiles: tuple[str, ...]
+    tags: str | tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    dist: str = "normal"
+    eps: float | None = None
+    affine: str = "weight_bias"
+    row_pad: int = 0
+    dy_dist: str | None = None
+    ops: tuple[str, ...] = ("rms_norm", "layer_norm")
+
+    def cases(self) -> list[Case]:
+        tags = (self.tags,) if isinstance(self.tags, str) else self.tags
+        ops = [op for op in self.ops if op == "layer_norm" or self.affine != "bias"]  # RMSNorm takes no bias
+        return [Case(op=op, dtype=dt, shape=shape, dist=self.dist, eps=self.eps, affine=self.affine,
+                     row_pad=self.row_pad, dy_dist=self.dy_dist, tags=tags)
+                for shape in self.shapes for dt in self.dtypes for op in ops]
 
 
-def make_dy(case: Case, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """The gradient of y for a backward case: (dy, its storage), dy with x's shape, dtype and row
-    stride (strided rows in both), from the case's dy_seed.
-
-    - "normal": standard normal;
-    - "outliers": one row (the middle one) 100 times larger, and every 97th element 10 times:
-      a row dw and db must not drop, and row sums a large element must not swamp (float16's
-      range holds them, and dw over them);
-    - "zeros": about half the elements exactly zero, and the first row and column all zero
-      (dw and db of that column are exactly zero)."""
-    gen = torch.Generator(device=device).manual_seed(case.dy_seed)
-    lead, n = case.shape[:-1], case.n
-    dy = torch.randn((*lead, n + case.row_pad), generator=gen, dtype=torch.float64, device=gen.device)
-    flat = dy.view(-1, n + case.row_pad)
-    if case.dy_dist == "outliers":
-        flat.view(-1)[::97] *= 10
-        flat[flat.shape[0] // 2] *= 100
-    elif case.dy_dist == "zeros":
-        flat.mul_(torch.rand(flat.shape, generator=gen, dtype=torch.float64, device=gen.device) < 0.5)
-        flat[0] = 0
-        flat[:, 0] = 0
-    elif case.dy_dist != "normal":
-        raise ValueError(f"unknown dy distribution {case.dy_dist!r}")
-    storage = dy.to(case.torch_dtype)
-    return storage[..., :n], storage
+def BwdRows(*args, dy_dist: str = "normal", **fields) -> Rows:  # noqa: N802 (a row, as Rows)
+    """A row of BACKWARD_ROWS: dy standard normal unless it says otherwise."""
+    return Rows(*args, dy_dist=dy_dist, **fields)
 
 
-# A "normal" x larger than this is drawn in row chunks (its float64 draw would take GBs); every
-# catalogue case but the HUGE_CASES is within it, so their bits do not depend on the chunking.
-DRAW_CHUNK_ELEMENTS = 2**27
+def grid(ms, ns) -> tuple[tuple[int, int], ...]:
+    """Every M x N, M outer."""
+    return tuple((m, n) for m in ms for n in ns)
 
 
-def make_x(dist: str, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    finfo = torch.finfo(dtype)
-    dev = gen.device
-    if dist == "normal" and math.prod(shape) > DRAW_CHUNK_ELEMENTS:
-        x = torch.empty(shape, dtype=dtype, device=dev)
-        flat = x.view(-1, shape[-1])
-        step = max(1, DRAW_CHUNK_ELEMENTS // shape[-1])
-        for start in range(0, flat.shape[0], step):
-            part = flat[start:start + step]
-            part.copy_(torch.randn(part.shape, generator=gen, dtype=torch.float64, device=dev))
-        return x
-    normal = lambda: torch.randn(shape, generator=gen, dtype=torch.float64, device=dev)  # noqa: E731
-    if dist == "normal":
-        x = normal()
-    elif dist == "offset":  # mean and scale vary per row
-        lead = (*shape[:-1], 1)
-        x = normal() * torch.rand(lead, generator=gen, dtype=torch.float64, device=dev) * 4 + torch.randn(
-            lead, generator=gen, dtype=torch.float64, device=dev
-        ) * 3
-    elif dist == "large_mean":
-        # mean 1e4 and a spread of a few ulps at that magnitude: E[x^2]-E[x]^2 cancels.
-        x = 1e4 + normal() * max(1.0, 1e4 * finfo.eps)
-    elif dist == "constant":  # variance exactly zero; each row its own value
-        x = torch.randn((*shape[:-1], 1), generator=gen, dtype=torch.float64, device=dev).expand(shape).clone() * 2
-    elif dist == "tiny":  # squares underflow a half-precision accumulator
-        x = normal() * (1e-4 if dtype == torch.float16 else 1e-12)
-    elif dist == "huge":  # squares overflow a half-precision accumulator, not a float32 one
-        x = normal() * (1e4 if dtype == torch.float16 else 1e12)
-    elif dist == "outlier_first":  # the row's first element far out: a shift by x[row, 0] then
-        # leaves E[s^2] - E[s]^2 to cancel (a cheap guard against large means, wrong here)
-        x = normal()
-        x[..., 0] = 8 * shape[-1] ** 0.5
-    elif dist == "nan_row":  # one NaN in one row: that row's outputs are NaN, no other row's
-        x = normal()
-        flat = x.view(-1, shape[-1])
-        flat[flat.shape[0] // 2, shape[-1] // 3] = float("nan")
-    else:
-        raise ValueError(f"unknown distribution {dist!r}")
-    return x.to(dtype)
+PADDED_N = tuple(sorted(set(ODD_N + POW2_N)))
+TAIL_N = (769, 4000, 4096, 8192)  # N of the full profile's M tails
+DIST_N_QUICK, DIST_N_FULL = (129, 1000, 4000, 4097), (129, 1000, 4000, 4096, 4097, 12345, 65536)
 
-
-# -- profiles ---------------------------------------------------------------------------------
-def _both_ops(**kw) -> list[Case]:
-    return [Case(op=op, **kw) for op in ("rms_norm", "layer_norm")]
-
-
-def _catalogue(profile: str) -> list[Case]:
-    full = profile == "full"
-    all_dtypes = tuple(DTYPES)
-    cases: list[Case] = []
-    add = cases.extend
-
-    # Row length N: odd sizes and powers of two (padding must not enter the statistics).
-    m_sweep = 64 if full else 3
-    for n in sorted(set(ODD_N + POW2_N)):
-        for dt in all_dtypes if (full or n in ODD_N) else ("bfloat16",):
-            add(_both_ops(dtype=dt, shape=(m_sweep, n), tags=("padded N",)))
-    for n in CHECK_LONG_N if full else CHECK_LONG_N_QUICK:
-        add(_both_ops(dtype="bfloat16", shape=(2, n), tags=("long rows",)))
-        if full:
-            add(_both_ops(dtype="float32", shape=(2, n), tags=("long rows",)))
-
+FORWARD_ROWS = (
+    # Row length N: odd sizes and powers of two (padding must not enter the statistics); the quick
+    # profile runs the powers of two in bfloat16 only.
+    *(Rows(QUICK, "padded N", ((3, n),), ALL if n in ODD_N else BF16) for n in PADDED_N),
+    Rows(FULL, "padded N", grid((64,), PADDED_N), ALL),
+    Rows(QUICK, "long rows", grid((2,), CHECK_LONG_N_QUICK), BF16),
+    Rows(FULL, "long rows", grid((2,), CHECK_LONG_N), ("bfloat16", "float32")),
     # Row count M: tails of any rows-per-program choice. The quick profile runs its largest tail
-    # (1025 rows: several programs of any rows-per-program) at the shorter N only: interpreted
-    # Triton spent 12 s a kernel on each 1025 x 4000 case in CI, for a tail 1025 x 769 also has.
-    for m in TAIL_M + (TAIL_M_FULL if full else ()):
-        if full:
-            tail_n = (769, 4000, 4096, 8192)
-        else:
-            tail_n = (769,) if m == max(TAIL_M) else (769, 4000)
-        for n in tail_n:
-            for dt in ("float32", "bfloat16") if not full else all_dtypes:
-                add(_both_ops(dtype=dt, shape=(m, n), tags=("M tail",)))
-
+    # (TAIL_M's last, 1025 rows: several programs of any rows-per-program) at the shorter N only:
+    # interpreted Triton spent 12 s a kernel on each 1025 x 4000 case in CI, for a tail 1025 x 769
+    # also has.
+    Rows(QUICK, "M tail", grid(TAIL_M[:-1], (769, 4000)) + grid(TAIL_M[-1:], (769,)), F32_BF16),
+    Rows(FULL, "M tail", grid(TAIL_M + TAIL_M_FULL, TAIL_N), ALL),
     # Distributions: cancellation, zero variance, extreme magnitudes, NaN isolation.
-    dist_n = (129, 1000, 4000, 4097) if not full else (129, 1000, 4000, 4096, 4097, 12345, 65536)
-    for dist in ("large_mean", "constant", "offset", "outlier_first", "nan_row"):
-        for n in dist_n if dist in ("large_mean", "offset") else (1000, 4096):
-            for dt in all_dtypes:
-                add(_both_ops(dtype=dt, shape=(17 if not full else 1025, n), dist=dist, tags=(dist,)))
-    for dist in ("tiny", "huge"):
-        for dt in all_dtypes:
-            add(_both_ops(dtype=dt, shape=(5, 4000), dist=dist, tags=(dist,)))
+    Rows(QUICK, "large_mean", grid((17,), DIST_N_QUICK), ALL, dist="large_mean"),
+    Rows(FULL, "large_mean", grid((1025,), DIST_N_FULL), ALL, dist="large_mean"),
+    Rows(QUICK, "constant", grid((17,), (1000, 4096)), ALL, dist="constant"),
+    Rows(FULL, "constant", grid((1025,), (1000, 4096)), ALL, dist="constant"),
+    Rows(QUICK, "offset", grid((17,), DIST_N_QUICK), ALL, dist="offset"),
+    Rows(FULL, "offset", grid((1025,), DIST_N_FULL), ALL, dist="offset"),
+    Rows(QUICK, "outlier_first", grid((17,), (1000, 4096)), ALL, dist="outlier_first"),
+    Rows(FULL, "outlier_first", grid((1025,), (1000, 4096)), ALL, dist="outlier_first"),
+    Rows(QUICK, "nan_row", grid((17,), (1000, 4096)), ALL, dist="nan_row"),
+    Rows(FULL, "nan_row", grid((1025,), (1000, 4096)), ALL, dist="nan_row"),
+    Rows(BOTH, "tiny", ((5, 4000),), ALL, dist="tiny"),
+    Rows(BOTH, "huge", ((5, 4000),), ALL, dist="huge"),
     # An outlier first in long rows read one element at a time (a stride of N + 1): many values a
     # thread, the first of them the outlier (a GPU fuzz draw at float32 4 x 16384 found a long-row
     # kernel whose per-thread shift by its first value cancelled there).
-    if full:
-        for n in (16384, 65536):
-            for dt in ("float32", "bfloat16"):
-                add(_both_ops(dtype=dt, shape=(4, n), dist="outlier_first", row_pad=1,
-                              tags=("outlier_first", "long rows")))
+    Rows(FULL, ("outlier_first", "long rows"), grid((4,), (16384, 65536)), F32_BF16, dist="outlier_first", row_pad=1),
     # A long constant float32 row whose N is not a multiple of any vector width: every rounding
     # of a running sum goes the same way, so a sum that accumulates in long sequential chains
     # drifts by about N * u (found by a drawn case in torch.compile's CPU code at N = 32764).
-    cases.append(Case(op="rms_norm", dtype="float32", shape=(1, 32764), dist="constant", affine="none",
-                      tags=("constant", "long rows")))
-
+    Rows(BOTH, ("constant", "long rows"), ((1, 32764),), F32, dist="constant", affine="none", ops=("rms_norm",)),
     # eps: a large eps exposes an eps added outside the square root.
-    for eps in (1e-6, 0.1):
-        for n in (1000, 4096):
-            for dt in ("float32", "bfloat16"):
-                add(_both_ops(dtype=dt, shape=(9, n), eps=eps, tags=("eps",)))
-
+    Rows(BOTH, "eps", grid((9,), (1000, 4096)), F32_BF16, eps=1e-6),
+    Rows(BOTH, "eps", grid((9,), (1000, 4096)), F32_BF16, eps=0.1),
     # Affine parameters: every combination the interface accepts (AFFINE), several dtypes and N.
-    for affine in ("none", "weight", "bias"):
-        for dt in all_dtypes if full else ("float32", "bfloat16"):
-            for n in (1000, 4096) if full else (1000,):
-                add([Case(op=op, dtype=dt, shape=(7, n), affine=affine, tags=("affine",))
-                     for op in ("rms_norm", "layer_norm") if op == "layer_norm" or affine != "bias"])
-
+    Rows(QUICK, "affine", ((7, 1000),), F32_BF16, affine="none"),
+    Rows(QUICK, "affine", ((7, 1000),), F32_BF16, affine="weight"),
+    Rows(QUICK, "affine", ((7, 1000),), F32_BF16, affine="bias"),
+    *(Rows(FULL, "affine", grid((7,), (1000, 4096)), (dt,), affine=affine)
+      for affine in ("none", "weight", "bias") for dt in ALL),
     # Layout: strided rows, 3-D input, one row, one column.
-    for pad in (64, 1000):
-        for dt in ("float32", "bfloat16"):
-            add(_both_ops(dtype=dt, shape=(33, 1000), row_pad=pad, tags=("strided rows",)))
-            add(_both_ops(dtype=dt, shape=(5, 4097), row_pad=pad, tags=("strided rows",)))
-    for shape in ((2, 17, 1536), (4, 8, 4000)) + (((8, 512, 4096),) if full else ()):
-        for dt in ("float32", "bfloat16"):
-            add(_both_ops(dtype=dt, shape=shape, tags=("3-D",)))
-    for dt in all_dtypes:
-        add(_both_ops(dtype=dt, shape=(1, 4096), tags=("one row",)))
-        add(_both_ops(dtype=dt, shape=(17, 1), tags=("one column",)))
+    *(Rows(BOTH, "strided rows", ((33, 1000), (5, 4097)), (dt,), row_pad=pad) for pad in (64, 1000) for dt in F32_BF16),
+    Rows(QUICK, "3-D", ((2, 17, 1536), (4, 8, 4000)), F32_BF16),
+    Rows(FULL, "3-D", ((2, 17, 1536), (4, 8, 4000), (8, 512, 4096)), F32_BF16),
+    Rows(BOTH, "one row", ((1, 4096),), F32), Rows(BOTH, "one column", ((17, 1),), F32),
+    Rows(BOTH, "one row", ((1, 4096),), F16), Rows(BOTH, "one column", ((17, 1),), F16),
+    Rows(BOTH, "one row", ((1, 4096),), BF16), Rows(BOTH, "one column", ((17, 1),), BF16),
+    # The shapes real models run; beyond 2**31 elements: 64-bit offsets.
+    Rows(FULL, "model shape", ((16384, 4096), (16384, 4000), (32768, 1024), (4096, 8192), (2048, 65536)), ALL,
+         dist="offset"),
+    *(Rows(FULL, "beyond 2^31 elements", (shape,), dtypes) for shape, dtypes in HUGE_CASES),
+)
 
-    if full:  # the shapes real models run
-        for shape in ((16384, 4096), (16384, 4000), (32768, 1024), (4096, 8192), (2048, 65536)):
-            for dt in all_dtypes:
-                add(_both_ops(dtype=dt, shape=shape, dist="offset", tags=("model shape",)))
-        for shape, dtypes in HUGE_CASES:  # beyond 2**31 elements: 64-bit offsets
-            for dt in dtypes:
-                add(_both_ops(dtype=dt, shape=shape, tags=("beyond 2^31 elements",)))
-    return cases
-
-
-def _backward_catalogue(profile: str) -> list[Case]:
-    """Backward cases (dy_dist set): M tails for the dw/db reductions over rows, padded and odd N
-    for the row sums of dx, every accepted weight/bias combination, large-mean rows, dy with
-    outliers and exact zeros, strided rows. ``quick`` (CPU, CI): 17 RMSNorm, 18 LayerNorm cases; ``full``: 127 and 130."""
-    full = profile == "full"
-    all_dtypes = tuple(DTYPES)
-    cases: list[Case] = []
-    add = cases.extend
-    bwd = lambda **kw: _both_ops(**{"dy_dist": "normal", **kw})  # noqa: E731
+# Backward cases: M tails for the dw/db reductions over rows, padded and odd N for the row sums
+# of dx, every accepted weight/bias combination, large-mean rows, dy with outliers and exact
+# zeros, strided rows. ``quick`` (CPU, CI): 17 RMSNorm, 18 LayerNorm cases; ``full``: 127 and 130.
+BACKWARD_ROWS = (
     # M: tails of any rows-per-block choice; beyond 65536 rows (float32 only: a 16-bit dw's ulp
-    # there is a row's size, see harness.compare_backward).
-    for m in BACKWARD_TAIL_M + (BACKWARD_TAIL_M_FULL if full else ()):
-        for n in (769,) if not full else (769, 4000, 4096, 8192):
-            for dt in ("float32",) if not full else all_dtypes:
-                add(bwd(dtype=dt, shape=(m, n), tags=("M tail",)))
-    if full:
-        for n in (1000, 1024):  # padded and a power of two; ~2^26 elements (the float64 oracle: GBs)
-            add(bwd(dtype="float32", shape=(BACKWARD_LARGE_M, n), tags=("large M",)))
+    # there is a row's size, see harness.compare_backward), at a padded N and a power of two:
+    # ~2^26 elements (the float64 oracle: GBs).
+    BwdRows(QUICK, "M tail", grid(BACKWARD_TAIL_M, (769,)), F32),
+    BwdRows(FULL, "M tail", grid(BACKWARD_TAIL_M + BACKWARD_TAIL_M_FULL, TAIL_N), ALL),
+    BwdRows(FULL, "large M", grid((BACKWARD_LARGE_M,), (1000, 1024)), F32),
     # N: odd and padded lengths in the row sums of dx.
-    for n in BACKWARD_N + (BACKWARD_N_FULL if full else ()):
-        for dt in ("bfloat16",) if not full else all_dtypes:
-            add(bwd(dtype=dt, shape=(17 if not full else 64, n), tags=("padded N",)))
+    BwdRows(QUICK, "padded N", grid((17,), BACKWARD_N), BF16),
+    BwdRows(FULL, "padded N", grid((64,), BACKWARD_N + BACKWARD_N_FULL), ALL),
     # Affine: every accepted combination (the weight-and-bias one is everywhere above).
-    for affine in ("none", "weight", "bias"):
-        for dt in ("float32",) if not full else all_dtypes:
-            add([Case(op=op, dtype=dt, shape=(17, 1000), affine=affine, dy_dist="normal", tags=("affine",))
-                 for op in ("rms_norm", "layer_norm") if op == "layer_norm" or affine != "bias"])
+    BwdRows(QUICK, "affine", ((17, 1000),), F32, affine="none"),
+    BwdRows(QUICK, "affine", ((17, 1000),), F32, affine="weight"),
+    BwdRows(QUICK, "affine", ((17, 1000),), F32, affine="bias"),
+    BwdRows(FULL, "affine", ((17, 1000),), ALL, affine="none"),
+    BwdRows(FULL, "affine", ((17, 1000),), ALL, affine="weight"),
+    BwdRows(FULL, "affine", ((17, 1000),), ALL, affine="bias"),
     # Distributions of x and of dy.
-    for dt in ("float32", "bfloat16") if not full else all_dtypes:
-        add(bwd(dtype=dt, shape=(17, 4097), dist="large_mean", tags=("large_mean",)))
-    for dy_dist, m in (("outliers", 1025 if full else 65), ("zeros", 17)):
-        for dt in ("float32",) if not full else all_dtypes:
-            add(bwd(dtype=dt, shape=(m, 1000), dy_dist=dy_dist, tags=(f"dy {dy_dist}",)))
-    add(bwd(dtype="float16", shape=(17, 4000), dist="offset", tags=("offset",)))
-    # Layout: strided rows of x and dy.
-    add(bwd(dtype="bfloat16", shape=(33, 1000), row_pad=64, tags=("strided rows",)))
-    if full:
-        for dt in all_dtypes:
-            add(bwd(dtype=dt, shape=(4, 8, 4000), tags=("3-D",)))
-            add(bwd(dtype=dt, shape=(4097, 4000), dy_dist="outliers", tags=("dy outliers",)))
-    return cases
+    BwdRows(QUICK, "large_mean", ((17, 4097),), F32_BF16, dist="large_mean"),
+    BwdRows(FULL, "large_mean", ((17, 4097),), ALL, dist="large_mean"),
+    BwdRows(QUICK, "dy outliers", ((65, 1000),), F32, dy_dist="outliers"),
+    BwdRows(FULL, "dy outliers", ((1025, 1000),), ALL, dy_dist="outliers"),
+    BwdRows(QUICK, "dy zeros", ((17, 1000),), F32, dy_dist="zeros"),
+    BwdRows(FULL, "dy zeros", ((17, 1000),), ALL, dy_dist="zeros"),
+    BwdRows(BOTH, "offset", ((17, 4000),), F16, dist="offset"),
+    # Layout: strided rows of x and dy; 3-D input.
+    BwdRows(BOTH, "strided rows", ((33, 1000),), BF16, row_pad=64),
+    BwdRows(FULL, "3-D", ((4, 8, 4000),), F32), BwdRows(FULL, "dy outliers", ((4097, 4000),), F32, dy_dist="outliers"),
+    BwdRows(FULL, "3-D", ((4, 8, 4000),), F16), BwdRows(FULL, "dy outliers", ((4097, 4000),), F16, dy_dist="outliers"),
+    BwdRows(FULL, "3-D", ((4, 8, 4000),), BF16), BwdRows(FULL, "dy outliers", ((4097, 4000),), BF16, dy_dist="outliers"),
+)
 
 
-def backward_catalogue(profile: str = "quick") -> list[Case]:
-    """The profile's backward cases, without duplicates, in a stable order."""
-    return catalogue(profile, _backward_catalogue)
-
-
-def catalogue(profile: str = "quick", source=None) -> list[Case]:
-    """The profile's cases, without duplicates, in a stable order."""
+def catalogue(profile: str = "quick", rows: tuple[Rows, ...] = FORWARD_ROWS) -> list[Case]:
+    """The profile's cases, the table's rows that name it expanded, without duplicates (a case of
+    several rows carries every row's tags), in a stable order."""
     if profile not in ("quick", "full"):
         raise ValueError(f"unknown profile {profile!r}; expected quick or full")
     seen: dict[str, Case] = {}
-    for case in (source or _catalogue)(profile):
+    for case in (c for row in rows if profile in row.profiles for c in row.cases()):
         if case.id in seen:
             old = seen[case.id]
             seen[case.id] = Case(**{**old.__dict__, "tags": tuple(dict.fromkeys(old.tags + case.tags))})
         else:
             seen[case.id] = case
     return list(seen.values())
+
+
+def backward_catalogue(profile: str = "quick") -> list[Case]:
+    """The profile's backward cases (BACKWARD_ROWS), without duplicates, in a stable order."""
+    return catalogue(profile, BACKWARD_ROWS)
 
 
 _ID = re.compile(
