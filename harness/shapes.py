@@ -1,6 +1,6 @@
 """Every row length N and row count M the harness runs, in one place: the check catalogue's
 (harness.cases), the benchmark sweep's (harness.bench) and the speed targets'
-(harness.report.targets)."""
+(harness.report.targets, harness.report.host)."""
 from __future__ import annotations
 
 # -- checks -----------------------------------------------------------------------------------
@@ -64,8 +64,10 @@ def bandwidth_rows(n: int) -> int:
     return max(16384, -(-BANDWIDTH_ELEMENTS // n))
 
 
-# -- speed targets (harness.report.targets) ---------------------------------------------------
+# -- speed targets (harness.report.targets, harness.report.host) -----------------------------
 TARGET_MID_N = (4000, 4096, 5120, 8192, 12288, 16384, 32768)
 TARGET_SHORT_N = (1024, 2048)  # at M >= TARGET_SHORT_MIN_M
 TARGET_SHORT_MIN_M = 32768
 TARGET_LONG_N = (65536, 131072, 262144)  # issue 23: best >= 90%, each project backend >= 85%
+BACKWARD_TARGET_N = BACKWARD_BENCH_N  # bfloat16: every N the backward regime times
+HOST_BANDWIDTH_N = (1024, 2048)  # the bandwidth shapes whose host cost is judged (besides decode's)

@@ -1,4 +1,5 @@
-"""The correctness report: a JSON document and the markdown a person reads, written atomically.
+"""The correctness report: a JSON document and the markdown a person reads (harness.report.correctness),
+written atomically.
 
 ``python -m harness.report reports/correctness.json`` renders the markdown again from the JSON.
 Committed reports (``reports/<device>/``) hold the JSON gzipped and slimmed (harness.report.publish);
@@ -8,19 +9,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
-import shlex
 import tempfile
-from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.report import memory, properties
+from harness.report import memory
+from harness.report.correctness import render_markdown, repro_command
 
 SCHEMA = 3  # 3: optional "compiled" (kernels compiled, maybe not run); 2: agreement in allowed errors; 1: in ulps
-# Two kernels whose y differ by more than one allowed error (each may err by one, in opposite
-# directions) get a line of their own: they compute differently enough to look at.
-DISAGREE = 1.0
 
 
 def build_document(*, records, agreement, backends, selection, environment, command, elapsed, compiled=()) -> dict:
@@ -40,7 +36,7 @@ def build_document(*, records, agreement, backends, selection, environment, comm
             for (op, dt, a, b), (d, n, worst) in sorted(agreement.items())
         ],
         # Kernels compiled for a target without running (e.g. TileLang for sm_90 on a CPU
-        # machine), with what the compiler reports per kernel: see render_compiled.
+        # machine), with what the compiler reports per kernel: see correctness.render_compiled.
         "compiled": list(compiled),
         # Failed and out-of-memory checks grouped by kind and masked message (every record stays above).
         "failure_groups": memory.groups(rows),
@@ -142,218 +138,5 @@ def _json_default(obj):
     return str(obj)
 
 
-# -- markdown ---------------------------------------------------------------------------------
-def _fmt(v, digits=3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if math.isinf(v) or math.isnan(v):
-            return str(v)
-        return f"{v:.{digits}g}"
-    return str(v)
-
-
-def _index(i):
-    """An element index as the run prints it: a tuple there, a list once read back from JSON."""
-    return tuple(i) if isinstance(i, list) else i
-
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
-    return out
-
-
-def repro_command(doc: dict, rec: dict) -> str:
-    sel = rec.get("selection") or doc.get("selection", {})
-    backend = rec.get("backend") or sel.get("backend", "all")
-    env = dict((doc.get("environment") or {}).get("repro_env") or {})
-    if (doc.get("environment") or {}).get("triton_interpret") and "TRITON_INTERPRET" not in env:
-        env["TRITON_INTERPRET"] = doc["environment"]["triton_interpret"]  # reports before repro_env
-    prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-    parts = [*prefix, "pytest", shlex.quote(rec["nodeid"]), "--backend", backend, "--profile", sel.get("profile", "quick")]
-    for f in sel.get("backend_file") or ():
-        parts += ["--backend-file", shlex.quote(f)]
-    if rec.get("test") == "test_fuzz" and sel.get("fuzz_seed"):
-        parts += ["--fuzz-seed", str(sel["fuzz_seed"])]
-    return " ".join(parts)
-
-
-def render_compiled(compiled) -> list[str]:
-    """One section per (backend, arch): what each compiled kernel costs on chip. A kernel that
-    was only compiled is said to be so; it never counts as passed."""
-    groups: dict[tuple, list] = defaultdict(list)
-    for c in compiled:
-        groups[(c.get("backend", "-"), c.get("arch", "-"), bool(c.get("executed")))].append(c)
-    lines: list[str] = []
-    for (backend, arch, executed), rows in sorted(groups.items()):
-        title = f"{backend} on {arch}: compiled" + ("" if executed else ", not executed")
-        lines += ["", f"## {title}", ""]
-        if executed:
-            lines.append("Compiled here for this device; the executed results are the differential checks above.")
-        else:
-            lines.append("Compiled for this target without a device to run on: these kernels are neither passed "
-                         "nor failed here. Numbers from ptxas (-v); shared memory is static + dynamic bytes per block.")
-        lines.append("")
-        lines += _table(
-            ["kernel", "dtype", "N", "affine", "vec", "threads", "regs/thread", "smem/block (B)", "spill st/ld (B)",
-             "SASS", "compile s"],
-            [[c["kernel"], c["dtype"], c["n"], c.get("affine", "-"), c.get("vec", "-"), c.get("threads", "-"),
-              c.get("registers"), f"{c.get('smem_static', 0)} + {_fmt(c.get('smem_dynamic'))}",
-              f"{c.get('spill_stores', 0)} / {c.get('spill_loads', 0)}", c.get("sass_arch") or "-",
-              _fmt(c.get("seconds"), 2)] for c in sorted(rows, key=lambda c: (c["kernel"], c["dtype"], c["n"], str(c.get("affine"))))],
-        )
-    return lines
-
-
-def render_markdown(doc: dict) -> str:
-    env, records = doc["environment"], doc["records"]
-    lines = ["# normdiff correctness report", ""]
-    lines += _table(["", ""], [[k, v] for k, v in env.items() if v is not None] +
-                    [["command", f"`{doc['command']}`"], ["profile", doc["selection"].get("profile")],
-                     ["wall time", f"{doc['elapsed_s']} s"]])
-    progress = doc.get("progress") or {"final": True}
-    if not progress.get("final", True):
-        lines += ["", f"> **Partial report**: the run had finished {progress['ran']} of {progress['collected']} "
-                      "checks when this was written; it did not reach its end.", ""]
-    elif progress.get("ran", 0) < progress.get("collected", 0):
-        lines += ["", f"> **Incomplete run**: {progress['ran']} of {progress['collected']} checks ran "
-                      "(interrupted or stopped at the first failure).", ""]
-    lines += ["", "## Backends", ""]
-    lines += _table(["backend", "status here"], [
-        [name, f"unavailable: {b['unavailable']}" if b["unavailable"] else (b["note"] or "available")]
-        for name, b in doc["backends"].items()
-    ])
-
-    # Summary per kernel and op; skips never count as passes.
-    counts: dict[tuple, Counter] = defaultdict(Counter)
-    skips: dict[str, Counter] = defaultdict(Counter)
-    for r in records:
-        key = (r.get("kernel", "-"), r.get("op", "-"), r.get("test", "-"))
-        counts[key][r.get("outcome", "not reached")] += 1
-        if r.get("outcome") in ("skipped", "not run"):
-            skips[key[0]][r.get("reason", "no reason given")] += 1
-    total = Counter()
-    for c in counts.values():
-        total.update(c)
-    lines += ["", "## Summary", ""]
-    known = total["known issue"]
-    kinds = Counter(r["failure_kind"] for r in records if r.get("outcome") == "failed" and r.get("failure_kind"))
-    not_run = total["not run"]
-    oom = total["out of memory"]
-    lines.append(
-        f"**{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped"
-        + (f", {oom} out of memory (retried alone and out of memory again: neither passed nor failed)" if oom else "")
-        + (f", {known} known issues (declared, failing as declared)" if known else "")
-        + (f", {not_run} not run (their kernel crashed too often)" if not_run else "")
-        + f"** ({sum(total.values())} checks)."
-    )
-    if kinds:
-        crashes = [k for k in kinds if k in ("crashed", "hung", "compile timeout", "fatal")]
-        lines += ["", "Failures by kind, beside wrong results: "
-                  + ", ".join(f"**{n} {kind}**" for kind, n in sorted(kinds.items()))
-                  + (" (crashed, hung, compile timeout: the kernel killed or stalled its worker; each check was "
-                     "charged alone and the run went on)." if crashes else ".")]
-    lines.append("")
-    extra = (["known issue"] if known else []) + (["not run"] if not_run else []) + (["out of memory"] if oom else [])
-    lines += _table(["kernel", "op", "check", "passed", "failed", "skipped", *extra], [
-        [k, op, test, c["passed"], c["failed"], c["skipped"], *(c[e] for e in extra)]
-        for (k, op, test), c in sorted(counts.items())
-    ])
-    if skips:
-        lines += ["", "### Skip reasons", ""]
-        lines += _table(["kernel", "reason", "count"], [
-            [k, reason.replace("|", "\\|"), n] for k, reasons in sorted(skips.items()) for reason, n in reasons.most_common()
-        ])
-
-    lines += render_compiled(doc.get("compiled") or ())
-    lines += properties.render(records, _table)
-
-    issues = [r for r in records if r.get("outcome") == "known issue"]
-    if issues:
-        lines += ["", f"## Known issues ({len(issues)})", "",
-                  "Defects a backend declares (`NormKernel.known_issue`); each still ran and failed as declared.", ""]
-        lines += _table(["check", "declared", "worst error (allowed errors)"], [
-            [f"`{r['nodeid'].split('::')[-1]}`", r.get("reason", "").replace("|", "\\|"),
-             _fmt(max((e.get("worst_ratio", 0) for e in r.get("errors") or []), default=None))]
-            for r in issues
-        ])
-
-    lines += memory.render_memory(doc, _table)
-    failures = [r for r in records if r.get("outcome") == "failed"]
-    lines += ["", f"## Failures ({len(failures)})", ""]
-    if not failures:
-        lines.append("None.")
-    lines += memory.render_groups(memory.groups(records, ("failed",)), _table)
-    if failures:
-        lines += ["", "Each failure:", ""]
-    for r in failures:
-        lines += [f"### `{r['nodeid'].split('::')[-1]}`", ""]
-        if r.get("drawn_case"):
-            lines += [f"- drawn case: `{r['drawn_case']}` (`harness.cases.case_from_id` rebuilds its inputs)", ""]
-        if r.get("failure_kind"):
-            c = r.get("crash") or {}
-            lines += [f"- **{r['failure_kind']}**: {c.get('detail', '')} ({c.get('where', '')}, worker {c.get('worker', '?')})", ""]
-        for f in r.get("findings") or ():
-            lines.append(f"- guard: **{f['kind']}** in `{f['output']}`: {f['count']} element(s), first at {f['first']}")
-        bad = [e for e in r.get("errors") or () if e["mismatched"]]
-        if bad:
-            lines += _table(
-                ["output", "elements out of tolerance", "max abs err", "max ulp err", "rel L2 err", "x allowed", "worst (index: got / expected)"],
-                [[e["output"], f"{e['mismatched']}/{e['numel']}", e["max_abs"], e["max_ulp"], e["rel_l2"], e["worst_ratio"],
-                  f"{_index(e['worst_index'])}: {_fmt(e['worst_out'], 9)} / {_fmt(e['worst_ref'], 9)}"] for e in bad],
-            )
-        if not bad and not r.get("findings") and not r.get("failure_kind"):
-            msg = (r.get("message") or "").strip().splitlines()
-            lines += ["```", *msg[-12:], "```"]
-        lines += ["", "Reproduce:", "", "```", repro_command(doc, r), "```", ""]
-
-    lines += ["", "## Closest calls", "",
-              "Largest error of each kernel among its passing cases, as a fraction of the allowed error.", ""]
-    worst: dict[tuple, tuple] = {}
-    for r in records:
-        if r.get("outcome") != "passed":
-            continue
-        for e in r.get("errors") or ():
-            key = (r["kernel"], r["dtype"], e["output"])
-            if key not in worst or e["worst_ratio"] > worst[key][0]:
-                worst[key] = (e["worst_ratio"], e["max_ulp"], r["case"])
-    lines += _table(["kernel", "dtype", "output", "x allowed", "max ulp err", "case"],
-                    [[k, dt, o, *v] for (k, dt, o), v in sorted(worst.items())]) if worst else ["No passing cases."]
-
-    lines += ["", "## Agreement between kernels", "",
-              "Largest difference between two kernels' outputs on the same case, over y and the statistics "
-              "both write (mean, rstd), in units of the error each may make against the oracle (the "
-              "tolerance above); cases compared in brackets; a worst case names the statistic where one "
-              "was furthest apart. `inf` means their NaN patterns differ. The *backward* tables compare dx, dw "
-              "and db the same way, each in its own allowed error (harness/compare_backward.py).", ""]
-    by_table: dict[tuple, dict] = defaultdict(dict)
-    unit = "allowed errors"
-    for a in doc.get("agreement", ()):
-        if "max_diff" not in a:  # a schema-1 document measured agreement in ulps
-            a, unit = {**a, "max_diff": a["max_ulp"]}, "ulps (schema 1: values under 2^-10 counted as 2^-10)"
-        by_table[(a["op"], a["dtype"])][(a["a"], a["b"])] = a
-    if not by_table:
-        lines.append("Only one kernel ran per case: nothing to compare.")
-    flagged = []
-    for (op, dt), cells in sorted(by_table.items()):
-        names = sorted({n for pair in cells for n in pair})
-        lines += ["", f"**{op}, {dt}**", ""]
-        rows = []
-        for a in names:
-            row = [a]
-            for b in names:
-                cell = cells.get(tuple(sorted((a, b))))
-                row.append("" if a == b else (f"{_fmt(cell['max_diff'])} ({cell['cases']})" if cell else "-"))
-            rows.append(row)
-        lines += _table([f"max difference in {unit} (cases)", *names], rows)
-        if unit == "allowed errors":
-            flagged += [cell for cell in cells.values() if cell["max_diff"] > DISAGREE]
-    if flagged:
-        lines += ["", "Pairs that differ by more than one allowed error somewhere:", ""]
-        for c in flagged:
-            lines.append(f"- {c['op']} {c['dtype']}: {c['a']} vs {c['b']}: {_fmt(c['max_diff'])} allowed errors, "
-                         f"worst on `{c['worst_case']}`")
-    lines.append("")
-    return "\n".join(lines)
-
+__all__ = ["add_agreement_cell", "atomic_write", "build_document", "find_report", "load_report", "merge_documents",
+           "render_markdown", "repro_command", "write_report"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.report import find_report, load_report
+from harness.report.benchmark_results import repeatability, results
 
 ERROR_FACTOR = 2.0
 # Errors under this fraction of the allowance are noise at the level of the last bits: a move
@@ -59,8 +60,6 @@ def compare_checks(a: dict, b: dict) -> dict:
 
 def _medians(doc: dict) -> tuple[dict, float]:
     """(kernel, group) -> first-pass median; and the largest move between passes in this run."""
-    from harness.report.benchmark import repeatability, results
-
     rows = results(doc)
     first = {(r["kernel"], r["group"]): r["median_s"] for r in rows if r["repeat"] == 0}
     moves = [abs(x.get("max_move", 0.0)) for x in repeatability(rows)]

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import statistics
 
-from harness.report import _table
+from harness.report.markdown import table
+from harness.shapes import HOST_BANDWIDTH_N
 
 HOST_REFERENCE_PEERS = ("liger", "torch")  # backends whose host cost the entry points must not exceed
 WALL_REFERENCE_PEER = "liger"  # decode wall time: within DECODE_WALL_SLACK of this backend's
-HOST_BANDWIDTH_N = (1024, 2048)
 WALL_OVER_DEVICE = 1.15
 DECODE_WALL_SLACK = 0.10
 
@@ -152,7 +152,7 @@ def render(rows: list[dict]) -> list[str]:
                  f"{r['median_s'] * 1e6:.1f}", f"{r['host_us']:.1f}", _paired_cell(r), f"{r['wall_us']:.1f}",
                  f"{r['wall_us'] / (r['median_s'] * 1e6):.2f}"]
                 for r in sorted(rs, key=lambda r: (r["n"], r["m"], r["kernel"]))]
-        lines += _table(["M x N", "kernel", "device µs", "host µs", "paired host µs", "wall µs", "wall / device"], body)
+        lines += table(["M x N", "kernel", "device µs", "host µs", "paired host µs", "wall µs", "wall / device"], body)
         lines += ["", "</details>", ""]
     return lines
 

@@ -27,7 +27,7 @@ RECORD_KEYS = ("nodeid", "test", "kernel", "backend", "op", "dtype", "case", "ou
                # the GPU-memory section (harness/report/memory.py)
                "mem_estimate", "mem_peak", "mem_budget", "mem_wait_s", "mem_retained", "oom_events")
 PASSED_ERROR_KEYS = ("output", "worst_ratio", "max_ulp")
-# What a benchmark keeps: harness.report.benchmark.results reads these.
+# What a benchmark keeps: harness.report.benchmark_results.results reads these.
 BENCH_EXTRA_KEYS = ("op", "dtype", "m", "n", "regime", "repeat", "kernel", "bytes", "ceiling_gbps", "timing",
                     "timer", "device", "project", "prepare_s", "entry_point", "host_call_us", "wall_call_us",
                     "user_call", "user_call_error", "direction", "host_paired_us", "host_paired_rounds_us", "host_paired_left_out")

@@ -1,6 +1,6 @@
 """The project's speed targets, checked against one benchmark run (rows of
-``harness.report.benchmark.results``), so every benchmark report says which are met and by how
-much each is missed.
+``harness.report.benchmark_results.results``), so every benchmark report says which are met and
+by how much each is missed.
 
 Bandwidth regime (first pass, % of the same run's copy ceiling), at M x N >= 2^26:
 - N in 4000 ... 32768: the project's best kernel >= 97% for RMSNorm, >= 95% for LayerNorm; the
@@ -17,8 +17,8 @@ other kernel is a peer.
 """
 from __future__ import annotations
 
-from harness.shapes import (BANDWIDTH_ELEMENTS, TARGET_LONG_N, TARGET_MID_N, TARGET_SHORT_MIN_M,
-                            TARGET_SHORT_N)
+from harness.shapes import (BACKWARD_TARGET_N, BANDWIDTH_ELEMENTS, TARGET_LONG_N, TARGET_MID_N,
+                            TARGET_SHORT_MIN_M, TARGET_SHORT_N)
 
 
 def thresholds(op: str, m: int, n: int) -> tuple[float, float] | None:
@@ -34,7 +34,6 @@ def thresholds(op: str, m: int, n: int) -> tuple[float, float] | None:
     return None
 
 
-BACKWARD_TARGET_N = (1024, 2048, 4096, 8192)
 BACKWARD_TARGET_PCT = 85.0
 BACKWARD_PEERS = ("liger", "torch_compile")  # named by the issue that set the target
 
