@@ -10,7 +10,8 @@ One line a (kernel, build): the kernel, the build, the sha256 of what was genera
 - TileLang: the kernel's CUDA source for each of its ``offline_builds``, compiled by its own
   ``build_offline`` (the ptxas report it also makes is skipped: it is read from the code hashed).
 - Triton: the PTX of every launch a call on TRITON_BUILDS' shapes makes (``TritonKernel.launches``,
-  the backward's ``backward_launches``), compiled for sm_90 as tools.triton_resources compiles;
+  the backward's ``backward_launches``; a dispatch kernel's: its ``target`` variant's, with the
+  setting it gives), compiled for sm_90 as tools.triton_resources compiles;
   its line records, debug sections and comments are left out (they name source files and lines,
   which moving a function changes without changing an instruction). The split variant's launcher
   asks the GPU for its SM count and how many programs an SM holds: offline, H200_PROPS stands in.
@@ -137,12 +138,15 @@ class TritonHasher:
         x = torch.empty(m, n, dtype=dtype)
         w = torch.empty(n, dtype=dtype) if affine in ("full", "weight") else None
         b = torch.empty(n, dtype=dtype) if kernel.op == "layer_norm" and affine in ("full", "bias") else None
+        cfg = None
+        if not backward and getattr(kernel, "target", None) is not None:
+            kernel, cfg = kernel.target(n, dtype, m)  # a dispatch kernel: the variant it runs, as it runs it
         with offline_gpu(kernel):
             if backward:
                 launches = [(name, fn, args, dict(kwargs)) for name, fn, args, kwargs in kernel.backward_launches(x, w, b)]
             else:
                 launches = []
-                for launch in kernel.launches(x, w, b):
+                for launch in kernel.launches(x, w, b, cfg=cfg):
                     kwargs = dict(launch.kwargs)
                     if launch.cfg.maxnreg:  # as tools.triton_resources: the cap the GPU launch passes
                         kwargs["maxnreg"] = launch.cfg.maxnreg
