@@ -17,6 +17,7 @@ import torch
 
 from harness import shapes
 from harness.cases import Case, make_dy, make_inputs
+from impls import callpath
 from impls.base import NormGrads, NormKernel, NormOutputs, rows_view
 
 # Batch sizes every kernel is checked at; each kernel's declared M thresholds add both sides.
@@ -65,7 +66,7 @@ def determinism(kernel: NormKernel, case: Case, device: str) -> list[BitDiff]:
     inp = make_inputs(case, device)
     first = kernel(inp.x, inp.weight, inp.bias, inp.eps, out=kernel.allocate(inp.x))
     later = [kernel(inp.x, inp.weight, inp.bias, inp.eps)]
-    if kernel.__dict__.get("_native") is not None:
+    if callpath.state(kernel)["native"]:
         later.append(kernel(inp.x, inp.weight, inp.bias, inp.eps))
     if device == "cuda":
         torch.cuda.synchronize()

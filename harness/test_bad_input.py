@@ -5,6 +5,7 @@ import torch
 
 from harness.run import STATE
 from harness.runner import device_for
+from impls import callpath
 from impls.base import NormInputError, UnsupportedCase
 
 N = 64
@@ -60,7 +61,7 @@ def _warm(kernel, x, weight, bias, device) -> None:
                 kernel(*args, 1e-5)
             except (NormInputError, UnsupportedCase, TypeError):
                 break
-    assert kernel.__dict__.get("_plans"), f"{kernel.name}: valid calls left no plan behind"
+    assert callpath.state(kernel)["signatures"], f"{kernel.name}: valid calls left no plan behind"
 
 
 def test_rejects_bad_input(kernel_bad):

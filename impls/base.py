@@ -1,27 +1,37 @@
 """The common interface every backend implements.
 
 A kernel is one (op, backend, variant). The base class owns everything that must behave the
-same in every backend: input validation (bad input is refused here with an error that names
-the problem, before any backend code runs), the collapse of leading dimensions into rows,
-output allocation and the shape of the returned statistics. A backend only writes
-``_forward`` for 2-D rows.
+same in every backend: the validated call (input validation from impls.inputs, which refuses bad
+input with an error that names the problem before any backend code runs; the collapse of
+leading dimensions into rows; output allocation and the shape of the returned statistics) and
+the declarations the harness reads. A backend only writes ``_forward`` for 2-D rows. What a
+warm call skips is the call path's (impls.callpath), the layer above this one.
 """
 from __future__ import annotations
 
 import importlib
-import math
-from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
 
-from impls import fastpath, native
+from impls.inputs import (  # noqa: F401  (the call's types and validation, part of this interface)
+    OPS, SUPPORTED_DTYPES, NormGrads, NormInputError, NormOutputs, NormSpec, check_out, dtype_name, rows_view,
+    spec_of, validate_inputs,
+)
 
 Op = Literal["rms_norm", "layer_norm"]
-OPS: tuple[str, ...] = ("rms_norm", "layer_norm")
-SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 # eps where a caller gives none: the catalogue, the benchmarks and ahead-of-time compilation.
 DEFAULT_EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
+
+# What makes a kernel's call path (impls.callpath, the layer above this one, installs it when it
+# loads; the impls package loads it): None leaves every call validated.
+_call_path_type = None
+
+
+def install_call_path(factory) -> None:
+    """Make ``factory(kernel)`` the owner of each kernel's warm-call caches (impls.callpath)."""
+    global _call_path_type
+    _call_path_type = factory
 
 
 def cuda_present() -> bool:
@@ -60,55 +70,8 @@ class OptionalImport:
         return self._modules
 
 
-class NormInputError(ValueError):
-    """Input the interface refuses: wrong dtype, shape, device or eps."""
-
-
 class UnsupportedCase(RuntimeError):
     """Valid input that this particular kernel cannot run (device, dtype, N beyond its capacity)."""
-
-
-@dataclass(frozen=True)
-class NormOutputs:
-    """y has the input's shape and dtype; mean and rstd are float32 with the leading shape."""
-
-    y: torch.Tensor
-    mean: torch.Tensor | None = None
-    rstd: torch.Tensor | None = None
-
-    def fields(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in (("y", self.y), ("mean", self.mean), ("rstd", self.rstd)) if v is not None}
-
-
-@dataclass
-class NormGrads:
-    """What a backward pass writes: dx (x's shape and dtype) always; dw and db (N, in the
-    parameter's dtype) where the forward had weight and bias."""
-
-    dx: torch.Tensor
-    dw: torch.Tensor | None = None
-    db: torch.Tensor | None = None
-
-    def fields(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in (("dx", self.dx), ("dw", self.dw), ("db", self.db)) if v is not None}
-
-
-@dataclass(frozen=True)
-class NormSpec:
-    """What a kernel needs to know to say whether it can run a problem, without the tensors."""
-
-    op: str
-    dtype: torch.dtype
-    rows: int  # M, all leading dimensions collapsed
-    n: int  # N, the normalised (last) dimension
-    row_stride: int  # elements between the starts of consecutive rows of x
-    device: str  # "cpu", "cuda", ...
-    has_weight: bool
-    has_bias: bool
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 class NormKernel:
@@ -166,6 +129,8 @@ class NormKernel:
     # kernel whose every new shape compiles for seconds there. Known issues are always checked;
     # the full profile checks all.
     quick_cpu_every: ClassVar[int] = 1
+    # The kernel's call path (impls.callpath), made on its first validated call.
+    _calls = None
 
     @property
     def name(self) -> str:
@@ -239,19 +204,22 @@ class NormKernel:
         eps: float | None = None,
         out: NormOutputs | None = None,
     ) -> NormOutputs:
-        native_table = self.__dict__.get("_native")
-        if native_table is not None and out is None:
-            got = native_table(x, weight, bias, eps)  # None: not a recorded signature, or eps to judge
+        calls = self._calls  # the call path (impls.callpath): native replay, then the Python plan
+        if calls is not None and out is None:
+            table = calls.native
+            if table is not None:
+                got = table(x, weight, bias, eps)  # None: not a recorded signature, or eps to judge
+                if got is not None:
+                    return got
+            got = calls.fast(x, weight, bias, eps)
             if got is not None:
                 return got
-        plans = self.__dict__.get("_plans")
-        key = fastpath.call_signature(x, weight, bias)
-        if plans is not None and out is None and key is not None:
-            plan = plans.get(key)
-            if plan is not None:
-                fast = fastpath.fast_eps(eps, DEFAULT_EPS[self.op])
-                if fast is not None:
-                    return plan(x, weight, bias, fast)
+        return self.validated_call(x, weight, bias, eps, out)
+
+    def validated_call(self, x: torch.Tensor, weight=None, bias=None, eps: float | None = None,
+                       out: NormOutputs | None = None) -> NormOutputs:
+        """The call with every check: the inputs, the rows, whether this kernel runs them, the
+        outputs; then ``_forward``. It leaves the call path a plan for the call's signature."""
         eps = DEFAULT_EPS[self.op] if eps is None else eps  # the op's default, as the catalogue's
         validate_inputs(self.op, x, weight, bias, eps)
         x2 = rows_view(x, "x", allow_copy=True)
@@ -265,15 +233,10 @@ class NormKernel:
             check_out(self, out, x)
         if x2.shape[0] == 0:
             return out
-        if key is not None and fastpath.ENABLED and x2.data_ptr() == x.data_ptr():  # rows viewed, not copied
-            plans = self.__dict__.setdefault("_plans", {})
-            if key not in plans:
-                if len(plans) >= fastpath.PLAN_LIMIT:
-                    plans.clear()
-                plan = self.fast_plan(x, x2, weight, bias, spec)
-                if self.project and spec.device == "cuda" and native.ENABLED:
-                    plan = native.recording(self, plans, key, plan)  # the signature's second call records
-                plans[key] = plan
+        if _call_path_type is not None and x2.data_ptr() == x.data_ptr():  # rows viewed, not copied
+            if self._calls is None:
+                self._calls = _call_path_type(self)
+            self._calls.remember(x, x2, weight, bias, spec)
         out2 = NormOutputs(
             y=rows_view(out.y, "out.y", allow_copy=False),
             mean=None if out.mean is None else out.mean.view(-1),
@@ -284,9 +247,15 @@ class NormKernel:
 
     def fast_plan(self, x: torch.Tensor, x2: torch.Tensor, weight, bias, spec: NormSpec):
         """What later calls of this call's signature run (``impls.fastpath``): a callable
-        ``(x, weight, bias, eps) -> NormOutputs`` that allocates and launches, nothing else. The
-        default runs ``_forward``; backends return leaner launches."""
-        return fastpath.generic_plan(x, x2, self.outputs, self._forward)
+        ``(x, weight, bias, eps) -> NormOutputs`` that allocates and launches, nothing else; None
+        (the default) for the generic plan, which runs ``_forward``. Backends return leaner ones."""
+        return None
+
+    def launch_hooks(self):
+        """An object whose ``launch_enter_hook`` and ``launch_exit_hook``, when either is set (a
+        profiler), send a native replay's call the Python way so the hooks see it; None where the
+        kernel's launches have no hooks (impls.native)."""
+        return None
 
     def persistent_buffers(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Tensors this kernel keeps between calls and hands to its launches (a placeholder for an
@@ -410,94 +379,3 @@ class NormKernel:
         if type(self)._call is not NormKernel._call:
             return lambda: self._call(x, weight, bias, eps)
         return lambda: self._forward(x, weight, bias, eps, out)
-
-
-# -- validation ---------------------------------------------------------------------------------
-def validate_inputs(op: str, x, weight, bias, eps) -> None:
-    if op not in OPS:
-        raise NormInputError(f"unknown op {op!r}; expected one of {OPS}")
-    if not isinstance(x, torch.Tensor):
-        raise NormInputError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        names = ", ".join(dtype_name(d) for d in SUPPORTED_DTYPES)
-        raise NormInputError(f"x has dtype {dtype_name(x.dtype)}, which is not supported; expected one of {names}")
-    if x.dim() < 1:
-        raise NormInputError("x must have at least one dimension (the normalised one)")
-    n = x.shape[-1]
-    if n == 0:
-        raise NormInputError("x's last (normalised) dimension has size 0; N must be at least 1")
-    if x.stride(-1) != 1 and x.numel() > 0 and n > 1:
-        raise NormInputError(
-            f"x's last dimension is not contiguous (stride {x.stride(-1)}); call .contiguous() first"
-        )
-    for label, t in (("weight", weight), ("bias", bias)):
-        if t is None:
-            continue
-        if op == "rms_norm" and label == "bias":
-            raise NormInputError("rms_norm takes no bias; pass bias=None")
-        if not isinstance(t, torch.Tensor):
-            raise NormInputError(f"{label} must be a torch.Tensor or None, got {type(t).__name__}")
-        if t.shape != (n,):
-            raise NormInputError(f"{label} has shape {tuple(t.shape)}; expected ({n},) to match x's last dimension")
-        if t.device != x.device:
-            raise NormInputError(f"{label} is on {t.device} but x is on {x.device}")
-        if t.dtype != x.dtype:
-            raise NormInputError(f"{label} has dtype {dtype_name(t.dtype)} but x has {dtype_name(x.dtype)}")
-        if t.stride(0) != 1 and n > 1:
-            raise NormInputError(f"{label} is not contiguous (stride {t.stride(0)})")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise NormInputError(f"eps must be a number, got {type(eps).__name__}")
-    if not math.isfinite(eps) or eps < 0:
-        raise NormInputError(f"eps must be finite and >= 0, got {eps}")
-
-
-def rows_view(t: torch.Tensor, label: str, allow_copy: bool) -> torch.Tensor:
-    """View t (..., N) as 2-D rows (M, N) with one row stride. Copies x only when it must."""
-    n = t.shape[-1]
-    m = t.numel() // n if n else 0
-    if t.dim() == 1:
-        return t.view(1, n)
-    if m <= 1:
-        return t.reshape(m, n) if m == 0 else t.as_strided((1, n), (max(n, t.stride(-2)), 1))
-    # Leading dimensions collapse into one row stride when each is packed on the next.
-    sizes, strides = t.shape[:-1], t.stride()[:-1]
-    ok = all(strides[i] == strides[i + 1] * sizes[i + 1] or sizes[i] == 1 for i in range(len(sizes) - 1))
-    if ok and strides[-1] >= n:
-        return t.as_strided((m, n), (strides[-1], 1))
-    if allow_copy:
-        return t.reshape(m, n).contiguous()
-    raise NormInputError(f"{label}'s leading dimensions cannot be viewed as rows with one stride")
-
-
-def spec_of(op: str, x2: torch.Tensor, device: str, weight, bias) -> NormSpec:
-    return NormSpec(
-        op=op,
-        dtype=x2.dtype,
-        rows=x2.shape[0],
-        n=x2.shape[1],
-        row_stride=x2.stride(0),
-        device=device,
-        has_weight=weight is not None,
-        has_bias=bias is not None,
-    )
-
-
-def check_out(kernel: NormKernel, out: NormOutputs, x: torch.Tensor) -> None:
-    if out.y.shape != x.shape or out.y.dtype != x.dtype or out.y.device != x.device:
-        raise NormInputError(
-            f"out.y must be {dtype_name(x.dtype)} {tuple(x.shape)} on {x.device}, "
-            f"got {dtype_name(out.y.dtype)} {tuple(out.y.shape)} on {out.y.device}"
-        )
-    if out.y.stride(-1) != 1 and x.shape[-1] > 1:
-        raise NormInputError("out.y's last dimension must be contiguous")
-    for name in ("mean", "rstd"):
-        t = getattr(out, name)
-        if name in kernel.outputs and t is None:
-            raise NormInputError(f"{kernel.name} writes {name}; out.{name} must be given")
-        if t is None:
-            continue
-        if t.shape != x.shape[:-1] or t.dtype != torch.float32 or not t.is_contiguous():
-            raise NormInputError(
-                f"out.{name} must be a contiguous float32 tensor of shape {tuple(x.shape[:-1])}, "
-                f"got {dtype_name(t.dtype)} {tuple(t.shape)}"
-            )

@@ -1,12 +1,12 @@
 """The host fast path of a kernel call: per call signature, the validated plan and a ready launch.
 
-``NormKernel.__call__`` validates a call, collapses x into rows, asks the kernel whether it can
-run the problem and allocates the outputs. All of that depends only on the call's signature
+``NormKernel.validated_call`` validates a call, collapses x into rows, asks the kernel whether it
+can run the problem and allocates the outputs. All of that depends only on the call's signature
 (``call_signature``): shapes, strides, dtypes and devices of x, weight and bias, and the 16-byte
 alignment of their data (compiled kernels specialise on it). The first call of a signature goes
-the validated way and leaves a plan behind (``NormKernel.fast_plan``); later calls of the same
-signature, with outputs left to the kernel (``out=None``) and an eps that is a valid float, run
-the plan: allocate the outputs and launch. Every value validation depends on is either in the
+the validated way and leaves a plan (``NormKernel.fast_plan``) in the kernel's call path
+(``impls.callpath``); later calls of the same signature, with outputs left to the kernel
+(``out=None``) and an eps that is a valid float, run the plan: allocate the outputs and launch. Every value validation depends on is either in the
 signature or checked again on each call (eps), so bad input is refused with the same errors on
 a warm cache as on a cold one.
 
@@ -21,6 +21,7 @@ import os
 
 import torch
 
+from impls.base import NormOutputs
 
 PLAN_LIMIT = 256  # signatures kept per kernel; a full cache is cleared rather than searched
 # NORMDIFF_NO_FAST_PATH=1 makes every call validate (to compare, or to rule the fast path out).
@@ -76,8 +77,6 @@ def output_factory(x: torch.Tensor, outputs: tuple[str, ...]):
 def generic_plan(x: torch.Tensor, x2: torch.Tensor, outputs: tuple[str, ...], forward):
     """A plan that allocates the outputs and runs ``forward(x2, weight, bias, eps, out2)`` on rows
     viewed as the validated call viewed them."""
-    from impls.base import NormOutputs  # base imports this module
-
     m, n = x2.shape
     row_stride = x2.stride(0)
     contiguous = x.is_contiguous()

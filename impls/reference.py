@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from impls.base import NormGrads, NormOutputs
+from impls.base import DEFAULT_EPS, NormGrads, NormOutputs
 
 
-def reference(op: str, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-6) -> NormOutputs:
-    """y, mean and rstd in float64 (y is not rounded to x's dtype)."""
+def reference(op: str, x: torch.Tensor, weight=None, bias=None, eps: float | None = None) -> NormOutputs:
+    """y, mean and rstd in float64 (y is not rounded to x's dtype); eps None is the op's default."""
+    eps = DEFAULT_EPS.get(op, 0.0) if eps is None else eps
     x64 = x.double()
     if op == "layer_norm":
         mean = x64.mean(dim=-1)
@@ -28,7 +29,7 @@ def reference(op: str, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-
 
 
 def reference_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight=None, bias=None,
-                       eps: float = 1e-6) -> NormGrads:
+                       eps: float | None = None) -> NormGrads:
     """dx, dw and db in float64 from the analytic formulas, on the same low-precision x, dy,
     weight and bias a kernel sees (rows over the last dimension, any leading shape). With
     x^ = (x - mean) * rstd (LayerNorm) or x * rstd (RMSNorm) and g = dy * w (dy without a weight):

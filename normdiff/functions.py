@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from impls.base import NormOutputs
+from impls.base import DEFAULT_EPS, NormOutputs
 from normdiff._kernels import kernel_for
 
 
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight=None, eps: float = 1e-6, kernel: str = "auto"):
+    def forward(ctx, x, weight=None, eps: float = DEFAULT_EPS["rms_norm"], kernel: str = "auto"):
         out = kernel_for("rms_norm", kernel)(x, weight, None, eps)
         ctx.save_for_backward(x, weight, out.rstd)
         ctx.eps, ctx.kernel = eps, kernel
@@ -28,7 +28,7 @@ class RMSNormFunction(torch.autograd.Function):
 
 class LayerNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight=None, bias=None, eps: float = 1e-5, kernel: str = "auto"):
+    def forward(ctx, x, weight=None, bias=None, eps: float = DEFAULT_EPS["layer_norm"], kernel: str = "auto"):
         out = kernel_for("layer_norm", kernel)(x, weight, bias, eps)
         ctx.save_for_backward(x, weight, bias, out.mean, out.rstd)
         ctx.eps, ctx.kernel = eps, kernel

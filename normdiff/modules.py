@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from impls.base import DEFAULT_EPS
 from normdiff import ops
 
 
@@ -17,7 +18,7 @@ def _one_dim(normalized_shape) -> int:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, normalized_shape, eps: float = 1e-6, elementwise_affine: bool = True,
+    def __init__(self, normalized_shape, eps: float = DEFAULT_EPS["rms_norm"], elementwise_affine: bool = True,
                  kernel: str = "auto", device=None, dtype=None):
         super().__init__()
         self.n, self.eps, self.kernel = _one_dim(normalized_shape), eps, kernel
@@ -31,7 +32,7 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+    def __init__(self, normalized_shape, eps: float = DEFAULT_EPS["layer_norm"], elementwise_affine: bool = True, bias: bool = True,
                  kernel: str = "auto", device=None, dtype=None):
         super().__init__()
         self.n, self.eps, self.kernel = _one_dim(normalized_shape), eps, kernel

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from impls.base import NormOutputs
+from impls.base import DEFAULT_EPS, NormOutputs
 from normdiff._kernels import kernel_for
 
 
@@ -108,13 +108,13 @@ _layer_norm.register_autograd(_ln_grad, setup_context=_ln_setup)
 
 
 # -- the functions users call ------------------------------------------------------------------
-def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, kernel: str = "auto") -> Tensor:
+def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: float = DEFAULT_EPS["rms_norm"], kernel: str = "auto") -> Tensor:
     """RMSNorm over the last dimension with the project's kernel ``kernel`` ("auto", or a
     registered "backend.variant" with a backward, e.g. "triton.invariant"); differentiable."""
     return _rms_norm(x, weight, float(eps), kernel)[0]
 
 
-def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5,
+def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = DEFAULT_EPS["layer_norm"],
                kernel: str = "auto") -> Tensor:
     """LayerNorm over the last dimension (see rms_norm for ``kernel``); differentiable."""
     return _layer_norm(x, weight, bias, float(eps), kernel)[0]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import impls.triton as triton_api
-from impls import base, registry
+from impls import base, callpath, registry
 from impls.base import NormInputError, rows_view
 from impls.triton._fast import lean_plan
 
@@ -73,7 +73,7 @@ def test_second_call_takes_the_plan_and_gives_the_same_bits(target, layout, no_v
                          ids=lambda k: f"{k.op}-{k.name}")
 def test_another_signature_is_validated(target, no_validation):
     kernel = target
-    kernel.__dict__.pop("_plans", None)  # plans of earlier tests would serve these signatures
+    callpath.forget(kernel)  # plans of earlier tests would serve these signatures
     x, w, b = _inputs(kernel.op)
     kernel(x, w, b, 1e-5)
     no_validation()
@@ -104,9 +104,9 @@ def test_a_copied_x_leaves_no_plan():
     """Rows that cannot be viewed with one stride are copied by the validated call: no plan."""
     kernel = registry.get("rms_norm", "torch", "eager")
     x = torch.randn(4, 6, 16, device=DEVICE).transpose(0, 1)  # leading dimensions not packed
-    kernel.__dict__.pop("_plans", None)
+    callpath.forget(kernel)
     kernel(x, None, None, 1e-6)
-    assert not kernel.__dict__.get("_plans")
+    assert not callpath.state(kernel)["signatures"]
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
@@ -132,7 +132,7 @@ def test_public_entry_points_plan_per_batch_invariance_flag():
     for flag in (False, True):
         want = triton_api.layer_norm(x, w, b, out=None, batch_invariant=flag)
         assert _equal(triton_api.layer_norm(x, w, b, batch_invariant=flag), want)
-    assert registry.get("layer_norm", "triton", "invariant").__dict__.get("_plans")
+    assert callpath.state(registry.get("layer_norm", "triton", "invariant"))["signatures"]
 
 
 def _tensors_held(fn, depth=0):
@@ -158,10 +158,10 @@ def test_a_plan_keeps_no_call_tensors_alive(target):
     recorded with): on the H200 at 27152d6 the recorded outputs stayed in Triton's plans, one set
     per signature, and the GPU ran out of memory."""
     kernel = target
-    kernel.__dict__.pop("_plans", None)
+    callpath.forget(kernel)
     x, w, b = _inputs(kernel.op, (64, 256))
     kernel(x, w, b, 1e-5)
-    (plan,) = kernel._plans.values()
+    (plan,) = callpath.plans(kernel)
     assert not [t for t in _tensors_held(plan) if t.numel() > 1]
 
 

@@ -4,7 +4,7 @@ in each call's own tensors and eps, and never serves what validation refuses."""
 import pytest
 import torch
 
-from impls import native, registry
+from impls import callpath, native, registry
 from impls.base import NormInputError
 
 registry.load_all()
@@ -74,7 +74,7 @@ def test_off_on_cpu_tensors():
     x = torch.randn(4, 64)
     for _ in range(3):
         k(x, None, None, 1e-6)
-    assert "_native" not in k.__dict__
+    assert not callpath.state(k)["native"]
 
 
 def _project_kernels():
@@ -132,7 +132,7 @@ def test_replay_gives_validated_bits(sig):
             torch.cuda.synchronize()
             assert type(got) is type(want)
             _bits_equal(want, got)
-        table = k.__dict__.get("_native")
+        table = callpath.native_table(k)
         ran.append((k.name, k.op, "native" if table is not None and len(table) else native.refusals().get(k.name)))
     print(ran)
     for name, op, how in ran:
@@ -152,13 +152,13 @@ def test_main_entry_points_replay():
             for _ in range(3):
                 call()
             kernel = triton_api.dispatch._variant(op, "auto")
-            assert kernel.__dict__.get("_native") is not None, native.refusals().get(kernel.name)
+            assert callpath.state(kernel)["native"], native.refusals().get(kernel.name)
     for variant in ("fragment", "naive_row_per_block", "splitk"):
         k = registry.get("rms_norm", "tilelang", variant)
         x, w, _ = _inputs("rms_norm", 64, 4096, torch.bfloat16)
         for _ in range(3):
             k(x, w, None, 1e-6)
-        assert k.__dict__.get("_native") is not None, (variant, native.refusals().get(k.name))
+        assert callpath.state(k)["native"], (variant, native.refusals().get(k.name))
 
 
 @needs_gpu
@@ -168,7 +168,7 @@ def test_warm_native_refuses_bad_eps_and_other_signatures():
     x, w, _ = _inputs("rms_norm", 8, 4096, torch.bfloat16)
     for _ in range(3):
         k(x, w, None, 1e-6)
-    assert k.__dict__.get("_native") is not None, native.refusals().get(k.name)
+    assert callpath.state(k)["native"], native.refusals().get(k.name)
     for eps, pattern in ((-1.0, "eps must be finite"), (float("nan"), "eps must be finite"), ("1e-5", "eps must be a number")):
         with pytest.raises(NormInputError, match=pattern):
             k(x, w, None, eps)

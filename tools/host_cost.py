@@ -20,7 +20,7 @@ import statistics
 import torch
 
 from harness import timing
-from impls import fastpath, native, registry
+from impls import callpath, fastpath, native, registry
 from tools import _session
 
 # issue 20's shapes: the benchmark's decode shapes and its N = 1024 and 2048 bandwidth shapes
@@ -97,7 +97,7 @@ def native_breakdown(tools, dtype) -> list[dict]:
                 entry()
             torch.cuda.synchronize()
             k = api._ENTRY[(op, False)]
-            table = k.__dict__.get("_native")
+            table = callpath.native_table(k)
             if table is None:
                 rows.append({"op": op, "m": m, "n": n, "error": f"no native table: {native.refusals().get(k.name, native.status())}"})
                 print(rows[-1], flush=True)
@@ -153,16 +153,9 @@ def main() -> None:
                 torch.cuda.synchronize()
                 row = {"op": op, "m": m, "n": n, "kernel": name, "call": what, "host_us": host_us(call, tools)}
                 if k.project:
-                    table = k.__dict__.pop("_native", None)
-                    row["path"] = "native" if table is not None else f"python: {native.refusals().get(k.name, native.status())}"
-                    if table is not None:  # the same call on the Python fast path
-                        row["host_us_python"] = host_us(call, tools)
-                    fastpath.ENABLED = False  # and validated every time
-                    k.__dict__.pop("_plans", None)
-                    row["host_us_validated"] = host_us(call, tools)
-                    fastpath.ENABLED = True
-                    if table is not None:
-                        k._native = table
+                    replayed = callpath.state(k)["native"]
+                    row["path"] = "native" if replayed else f"python: {native.refusals().get(k.name, native.status())}"
+                    row.update(python_paths(k, call, tools, replayed))
                     call()
                     if m == 1:
                         profiles[f"{op} {m}x{n} {name}"] = profile(call, args.profile_calls, args.top)
@@ -174,6 +167,27 @@ def main() -> None:
         print(f"\n=== cProfile, {args.profile_calls} calls: {title}\n{text}", flush=True)
     _session.write_json(args.json, ceiling, results, tilelang_execution_backends=tl_rows, native_breakdown=breakdown,
                         profiles=profiles)
+
+
+def python_paths(k, call, tools, replayed: bool) -> dict:
+    """Host µs of ``call`` on the Python fast path (where it was native) and validated every
+    time; the kernel's call path is then made afresh and warmed back to where it was."""
+    row = {}
+    try:
+        if replayed:
+            native.ENABLED = False  # plans without recording: the Python fast path
+            callpath.forget(k)
+            call(), call()
+            row["host_us_python"] = host_us(call, tools)
+        fastpath.ENABLED = False  # and validated every time
+        callpath.forget(k)
+        row["host_us_validated"] = host_us(call, tools)
+    finally:
+        native.ENABLED = fastpath.ENABLED = True
+        callpath.forget(k)
+        for _ in range(3):  # validated, Python fast path (records), native
+            call()
+    return row
 
 
 def k_spec(k, x, w, b):

@@ -35,6 +35,9 @@ from pathlib import Path
 
 import torch
 
+from impls import fastpath
+from impls.base import DEFAULT_EPS, NormOutputs, rows_view
+
 ENABLED = os.environ.get("NORMDIFF_NATIVE", "1") != "0"
 SOURCE = Path(__file__).with_name("launch.cpp")
 EPS_MARKER = 0.000123456789  # recorded as eps: its float32 bits mark the eps parameter
@@ -45,8 +48,8 @@ _lock = threading.Lock()
 _state = {"module": None, "error": None, "thread": None}
 _done = threading.Event()
 _refusals: dict[str, str] = {}  # kernel name -> why its last recording was refused
-# Kernels whose signatures met no built extension: when it is ready their Python plans are
-# dropped, so each signature's next call is validated once more and recorded.
+# Call paths (impls.callpath) whose signatures met no built extension: when it is ready their
+# Python plans are dropped, so each signature's next call is validated once more and recorded.
 _waiting: "weakref.WeakSet" = weakref.WeakSet()
 
 
@@ -99,8 +102,8 @@ def _build_in_background() -> None:
             _state["error"] = problem
         else:
             _state["module"] = module
-            for kernel in list(_waiting):
-                kernel.__dict__.get("_plans", {}).clear()
+            for path in list(_waiting):
+                path.forget_plans()
     except Exception as exc:  # a missing compiler, a failed build: the Python path stays
         _state["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
     finally:
@@ -156,61 +159,50 @@ def _stand_in(t: torch.Tensor | None) -> torch.Tensor | None:
     return view
 
 
-def recording(kernel, plans: dict, key, plan):
-    """``plan`` (the Python fast path of a signature), wrapped so that its first run also records
-    the signature's native launches and then leaves the plain plan in ``plans``: a signature
-    called once costs no recording, and the kernel has compiled by then."""
+def recording(path, key, plan):
+    """``plan`` (the Python fast path of a signature in the call path ``path``), wrapped so that its
+    first run also records the signature's native launches and then leaves the plain plan in
+    ``path.plans``: a signature called once costs no recording, and the kernel has compiled by then."""
 
     def first(x, weight, bias, eps):
         got = plan(x, weight, bias, eps)
-        if plans.get(key) is first:
-            plans[key] = plan
-        from impls.base import rows_view
-
-        record(kernel, x, rows_view(x, "x", allow_copy=False), weight, bias)
+        if path.plans.get(key) is first:
+            path.plans[key] = plan
+        record(path, x, rows_view(x, "x", allow_copy=False), weight, bias)
         return got
 
     return first
 
 
-def record(kernel, x: torch.Tensor, x2: torch.Tensor, weight, bias) -> None:
-    """Record the launches of ``kernel`` for this call's signature into its native table (see the
-    module docstring); a refusal is kept in ``refusals()``."""
-    from impls.base import NormOutputs, rows_view
-
+def record(path, x: torch.Tensor, x2: torch.Tensor, weight, bias) -> None:
+    """Record the launches of ``path``'s kernel for this call's signature into its native table
+    (see the module docstring); a refusal is kept in ``refusals()``."""
+    kernel = path.kernel
     if kernel.native_replay is not None:
         _refusals[kernel.name] = kernel.native_replay
         return
     mod = module()
     if mod is None:
         if _state["error"] is None:
-            _waiting.add(kernel)
+            _waiting.add(path)
         return
     if torch.cuda.is_current_stream_capturing():  # the caller's own capture: not inside it
         return
     try:
-        launches, keep = _capture(mod, kernel, x, x2, weight, bias, NormOutputs, rows_view)
+        launches, keep = _capture(mod, kernel, x, x2, weight, bias)
     except _Refused as why:
         _refusals[kernel.name] = str(why)
         return
     except RuntimeError as exc:  # the driver refused a capture or a query
         _refusals[kernel.name] = f"capture failed: {str(exc).strip().splitlines()[0]}"
         return
-    table = kernel.__dict__.get("_native")
+    table = path.native
     if table is None:
-        from impls.fastpath import PLAN_LIMIT
-        from impls.base import DEFAULT_EPS
-
-        hooks = None
-        if kernel.backend == "triton":
-            from impls.triton._launch import state
-
-            hooks = state().triton.knobs.runtime
         table = mod.PlanTable(NormOutputs, "mean" in kernel.outputs, "rstd" in kernel.outputs,
-                              DEFAULT_EPS[kernel.op], torch.Tensor, hooks, PLAN_LIMIT)
+                              DEFAULT_EPS[kernel.op], torch.Tensor, kernel.launch_hooks(), fastpath.PLAN_LIMIT)
     table.add(x, weight, bias, x.device.index if x.device.index is not None else torch.cuda.current_device(),
               launches, keep)
-    kernel._native = table
+    path.native = table
     _refusals.pop(kernel.name, None)
 
 
@@ -218,7 +210,7 @@ class _Refused(Exception):
     pass
 
 
-def _capture(mod, kernel, x, x2, weight, bias, NormOutputs, rows_view):
+def _capture(mod, kernel, x, x2, weight, bias):
     sx, sw, sb = _stand_in(x), _stand_in(weight), _stand_in(bias)
     out = kernel.allocate(sx)
     sx2 = rows_view(sx, "x", allow_copy=False)

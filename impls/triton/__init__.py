@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+from impls.base import DEFAULT_EPS
 from impls.triton import _launch
 
 if not _launch.cuda_present() and "triton" not in sys.modules:
@@ -46,13 +47,14 @@ def _kernel(op: str, batch_invariant: bool):
     return k
 
 
-def rms_norm(x, weight=None, eps: float = 1e-6, out=None, batch_invariant: bool = False):
+def rms_norm(x, weight=None, eps: float = DEFAULT_EPS["rms_norm"], out=None, batch_invariant: bool = False):
     """RMSNorm over the last dimension; returns NormOutputs(y, rstd=...). The variant and launch
     setting follow N, dtype and the row count M; ``batch_invariant=True`` makes the choice as for
     many rows at every M, so a row's bits never depend on how many rows share the call."""
     k = _ENTRY.get(("rms_norm", batch_invariant)) or _kernel("rms_norm", batch_invariant)
     if out is None:
-        table = k.__dict__.get("_native")
+        calls = k._calls
+        table = calls and calls.native  # the kernel's call path (impls.callpath)
         if table is not None:
             got = table(x, weight, None, eps)  # None: not a recorded signature, or eps to judge
             if got is not None:
@@ -60,12 +62,13 @@ def rms_norm(x, weight=None, eps: float = 1e-6, out=None, batch_invariant: bool 
     return k(x, weight, None, eps, out)
 
 
-def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, out=None, batch_invariant: bool = False):
+def layer_norm(x, weight=None, bias=None, eps: float = DEFAULT_EPS["layer_norm"], out=None, batch_invariant: bool = False):
     """LayerNorm over the last dimension; returns NormOutputs(y, mean=..., rstd=...).
     ``batch_invariant`` as for rms_norm."""
     k = _ENTRY.get(("layer_norm", batch_invariant)) or _kernel("layer_norm", batch_invariant)
     if out is None:
-        table = k.__dict__.get("_native")
+        calls = k._calls
+        table = calls and calls.native
         if table is not None:
             got = table(x, weight, bias, eps)
             if got is not None:

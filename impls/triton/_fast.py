@@ -16,6 +16,7 @@ import inspect
 
 import torch
 
+from impls.base import NormOutputs
 from impls.fastpath import output_factory
 
 # Where each replayed argument comes from: the call's (x, weight, bias, y, mean, rstd, eps).
@@ -34,9 +35,6 @@ def lean_plan(kernel, x: torch.Tensor, x2: torch.Tensor, weight, bias, cfg):
     """A plan ``(x, weight, bias, eps) -> NormOutputs`` that replays the one launch the Triton
     ``kernel`` makes for this signature, or None where that launch cannot be replayed as is
     (more than one launch, an argument that is not one of the call's)."""
-    from impls.base import NormOutputs
-    from impls.triton._launch import state
-
     m, n = x2.shape
     out2 = kernel.allocate(x2)
     marker = float("0.5")  # a fresh float object: found again by identity among the arguments
@@ -68,7 +66,7 @@ def lean_plan(kernel, x: torch.Tensor, x2: torch.Tensor, weight, bias, cfg):
             return None
     grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
     jit, kwargs, nargs = fn[launch.grid], launch.kwargs, len(launch.args)
-    runtime = state().triton.knobs.runtime
+    runtime = kernel.launch_hooks()
     raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the stream Triton itself launches on
     current = torch.cuda.current_device
     device = x.device

@@ -15,7 +15,7 @@ from functools import lru_cache
 import torch
 
 from impls import fastpath
-from impls.base import NormKernel, cuda_present
+from impls.base import DEFAULT_EPS, NormKernel, cuda_present
 from impls.gpu_limits import cdiv, next_pow2
 from impls.triton import settings
 from impls.triton._fast import lean_plan
@@ -135,6 +135,10 @@ class TritonKernel(TritonBackward, NormKernel):
     # Users call the dispatch entry points (triton.auto, triton.invariant), which run the variants.
     entry_point = False
 
+    def launch_hooks(self):
+        """Triton's runtime knobs: a launch hook set there (a profiler) must see every launch."""
+        return state().triton.knobs.runtime
+
     def fast_plan(self, x, x2, weight, bias, spec, cfg: LaunchConfig | None = None):
         """The host fast path (impls.fastpath): the recorded launch replayed through the compiled
         kernel's launcher on a GPU, else the validated call's planning skipped."""
@@ -145,7 +149,7 @@ class TritonKernel(TritonBackward, NormKernel):
         forward = functools.partial(self._forward, cfg=cfg) if cfg is not None else self._forward
         return fastpath.generic_plan(x, x2, self.outputs, forward)
 
-    def launches(self, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-6,
+    def launches(self, x: torch.Tensor, weight=None, bias=None, eps: float | None = None,
                  cfg: LaunchConfig | None = None, out=None) -> list[Launch]:
         """What a call on these 2-D rows would launch (with launch setting ``cfg``, default the
         kernel's own; into ``out``, default fresh outputs), without running anything: for tools
@@ -153,7 +157,7 @@ class TritonKernel(TritonBackward, NormKernel):
         tensors are never read."""
         self._recorded = []
         try:
-            self._forward(x, weight, bias, eps, out or self.allocate(x), cfg)
+            self._forward(x, weight, bias, DEFAULT_EPS[self.op] if eps is None else eps, out or self.allocate(x), cfg)
             return self._recorded
         finally:
             del self._recorded
