@@ -221,10 +221,8 @@ class CompiledRMSNorm(_TorchCompile):
 
     # Reproduced with torch 2.13 on the CPU (dynamic rows): Inductor's sum of squares drifts on
     # a long constant float32 row, by a margin that depends on the code it generates for the
-    # machine. One CI machine failed at one thread and passed at two; the development machine of
-    # 2026-12-05 (a Xeon with AVX-512, 2 cores) fails at two threads (y 103 ulps off, 6.1e-6) and
-    # passes at one (1.5e-6). So the declaration may pass (known_issue_may_pass). Not seen on the
-    # H200 on 2026-11-29.
+    # machine and on the thread count, so the declaration may pass (known_issue_may_pass; the
+    # machines it was seen on: docs/checks.md, *Found by it*).
     KNOWN_ISSUES = {
         ("rms_norm-float32-1x32764-constant-noaffine", "cpu"):
             "Inductor's CPU sum of squares drifts on a long constant float32 row on some machines "
