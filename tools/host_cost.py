@@ -16,6 +16,7 @@ import cProfile
 import io
 import pstats
 import statistics
+import time
 
 import torch
 
@@ -23,8 +24,8 @@ from harness import timing
 from impls import callpath, fastpath, native, registry
 from tools import _session
 
-# issue 20's shapes: the benchmark's decode shapes and its N = 1024 and 2048 bandwidth shapes
-SHAPES = ((1, 4096), (8, 4096), (64, 4096), (65536, 1024), (32768, 2048))
+# The benchmark's decode shapes and its N = 1024, 2048 and 4096 bandwidth shapes.
+SHAPES = ((1, 4096), (8, 4096), (64, 4096), (65536, 1024), (32768, 1024), (32768, 2048), (16384, 4096))
 KERNELS = ("triton.auto", "triton.invariant", "tilelang.fragment", "tilelang.naive_row_per_block", "tilelang.splitk",
            "tilelang.layer_norm_fwd", "torch.eager", "liger.fused", "apex.fused", "torch_compile.inductor")
 
@@ -38,6 +39,28 @@ def _inputs(op, m, n, dtype):
 
 def host_us(call, tools) -> float:
     return statistics.median(timing.host_call_us(call, tools) for _ in range(5))
+
+
+def stalls(call, tools, calls: int = 300) -> dict:
+    """Each call of a host measurement timed alone (the GPU held busy as host_call_us holds it),
+    and the caching allocator's device allocations and frees over them: a mean far above the
+    median means some calls wait (a synchronising free, a launch queue that fills)."""
+    call()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()
+    tools.sleep(200_000)
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_stats()
+    times.sort()
+    delta = {key: after.get(key, 0) - before.get(key, 0)
+             for key in ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")}
+    return {"median_us": round(times[len(times) // 2], 2), "mean_us": round(statistics.fmean(times), 2),
+            "max_us": round(times[-1], 1), "calls_over_100us": sum(t > 100 for t in times), **delta}
 
 
 def profile(call, calls: int, top: int) -> str:
@@ -151,13 +174,14 @@ def main() -> None:
                 for _ in range(3):  # validated, Python fast path (records), native
                     call()
                 torch.cuda.synchronize()
-                row = {"op": op, "m": m, "n": n, "kernel": name, "call": what, "host_us": host_us(call, tools)}
+                row = {"op": op, "m": m, "n": n, "kernel": name, "call": what, "host_us": host_us(call, tools),
+                       "stalls": stalls(call, tools)}
                 if k.project:
                     replayed = callpath.state(k)["native"]
                     row["path"] = "native" if replayed else f"python: {native.refusals().get(k.name, native.status())}"
                     row.update(python_paths(k, call, tools, replayed))
                     call()
-                    if m == 1:
+                    if m == 1 or row["stalls"]["calls_over_100us"]:
                         profiles[f"{op} {m}x{n} {name}"] = profile(call, args.profile_calls, args.top)
                 results.append(row)
                 print(row, flush=True)
