@@ -15,8 +15,8 @@ class Arena:
     depend on the shape alone. It grows (a new allocation) only for a shape larger than it was
     sized for, or where the sized allocation did not fit in memory (then: ``fallback``)."""
 
-    # Every part starts on a 2 MiB boundary (a large page): measured 0.2-1.9 points faster than
-    # 4 KiB offsets for the one-pass kernels (docs/perf-notes.md item 13).
+    # Every part starts on a 2 MiB boundary (a large page): the one-pass kernels ran faster than
+    # at 4 KiB offsets (docs/perf-notes.md item 13 has the measurement).
     ALIGN = 2 << 20
 
     def __init__(self, nbytes: int, device: str) -> None:

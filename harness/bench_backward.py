@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from harness import run, timing
+from harness.bench_forward import runnable_spec, sample_rows
 from harness.cases import DTYPES
 from harness.guards import nan_count
 from impls.base import DEFAULT_EPS, NormGrads, NormKernel, UnsupportedCase
@@ -55,8 +56,6 @@ def screen(k: NormKernel, x, w, b, dy, grads: NormGrads, eps: float, sample) -> 
 
 
 def run_backward(item, benchmark, ctx) -> None:
-    from harness.bench import runnable_spec, sample_rows  # bench imports this module
-
     k, s = item.kernel, item.shape
     spec, device = runnable_spec(k, s)
     dtype = DTYPES[s.dtype]

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.isolation import visible_gpus
+from harness.workers import visible_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,15 +1,16 @@
 """Isolation and scale-out: a kernel that crashes or hangs fails only its own checks, and the
 checks spread over every core and GPU of the host, through pytest-xdist.
 
-- **Workers.** ``pytest harness`` runs its checks in xdist workers by default (``-n 0``: one
-  process, no isolation). Each worker is pinned to one GPU (CUDA_VISIBLE_DEVICES in its spec,
-  so a replacement keeps it); ``--workers-per-gpu`` sets how many share one.
+- **Workers** (harness/workers.py). ``pytest harness`` runs its checks in xdist workers by default
+  (``-n 0``: one process, no isolation). Each worker is pinned to one GPU (CUDA_VISIBLE_DEVICES in
+  its spec, so a replacement keeps it); ``--workers-per-gpu`` sets how many share one.
 - **Scheduling** (harness/scheduling.py): every check of a case goes to one worker; cases that
   share a kernel's compile key are kept in few workers.
-- **Crashes.** Before each kernel call the worker writes what it is about to run into a note
-  file; faulthandler writes fatal signals and timeouts into a fault file. When a worker dies,
-  the controller reads both and records the check as *crashed* (signal, sticky CUDA error) or
-  *hung* (its time limit passed); xdist replaces the worker. A sticky CUDA error is found by the
+- **Crashes** (here, the watch around each kernel call; harness/controller.py, the controller's
+  side). Before each kernel call the worker writes what it is about to run into a note file;
+  faulthandler writes fatal signals and timeouts into a fault file. When a worker dies, the
+  controller reads both and records the check as *crashed* (signal, sticky CUDA error) or *hung*
+  (its time limit passed); xdist replaces the worker. A sticky CUDA error is found by the
   synchronize right after the call, and the worker exits at once, so no later check inherits it.
   After ``--crash-limit`` crashes of one kernel its remaining checks are *not run*.
 - **Shards** (``--shard K/N``, harness/scheduling.py): deterministic, a case's checks kept together.
@@ -20,26 +21,12 @@ import contextlib
 import faulthandler
 import json
 import os
-import re
 import sys
-import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
-import pytest
+from harness import memory
 
-from harness import memory, run
-
-try:
-    from xdist.scheduler import LoadScopeScheduling
-except ImportError:  # pytest-xdist not installed: checks run in one process
-    LoadScopeScheduling = object
-
-XDIST = LoadScopeScheduling is not object
-FAKE_GPUS_ENV = "NORMDIFF_FAKE_GPUS"  # simulate a host with this many GPUs (tests of the pinning)
-NOT_RUN = "not run: "  # prefix of a check's skip reason when it never ran (its kernel kept crashing)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def addoption(group) -> None:
@@ -53,96 +40,6 @@ def addoption(group) -> None:
                     help="xdist workers sharing one GPU (default: the host's cores divided among its GPUs)")
     group.addoption("--shard", default=None, metavar="K/N",
                     help="run only shard K of N (1-based); a case's checks stay in one shard")
-
-
-# -- worker count and pinning -------------------------------------------------------------------
-def visible_gpus() -> list[str]:
-    """The GPUs workers are pinned to, as CUDA_VISIBLE_DEVICES tokens."""
-    fake = os.environ.get(FAKE_GPUS_ENV)
-    if fake:
-        return [str(i) for i in range(int(fake))]
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    from impls.base import cuda_present
-
-    if not cuda_present():
-        return []
-    import torch
-
-    count = torch.cuda.device_count()
-    tokens = [t.strip() for t in listed.split(",") if t.strip()] if listed else []
-    return tokens[:count] if tokens else [str(i) for i in range(count)]
-
-
-def _runs_only_under(config, folder: str) -> bool:
-    """Whether every path the run was given lies in the project's ``folder``."""
-    args = [a.split("::")[0] for a in config.args] or []
-    if not args:
-        return False
-    root = ROOT / folder
-    for a in args:
-        p = Path(a) if Path(a).is_absolute() else Path(config.invocation_params.dir) / a
-        try:
-            p.resolve().relative_to(root)
-        except ValueError:
-            return False
-    return True
-
-
-def _runs_harness_only(config) -> bool:
-    """Isolation is the default for runs of the harness's checks (``pytest harness ...``), not
-    for the framework's own tests, whose subprocess runs set their own."""
-    return _runs_only_under(config, "harness")
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def plan_workers(config) -> None:
-    """Before xdist reads its options: choose the workers and pin each to a GPU."""
-    # A worker runs this hook too; with -p no:xdist the plugin is installed but not loaded.
-    if not XDIST or hasattr(config, "workerinput") or not hasattr(config.option, "numprocesses"):
-        return
-    asked = config.option.numprocesses  # None unless -n was given
-    if run.is_benchmark_run(config):
-        if asked:
-            raise pytest.UsageError("benchmarks time one GPU per process and are not xdist workers: drop -n "
-                                    "(several GPUs: one pytest per GPU, see README)")
-        config.option.numprocesses = 0
-        return
-    if config.getoption("usepdb", False) or config.getoption("collectonly", False):
-        return
-    if asked is None and _runs_only_under(config, "tests") and not visible_gpus() and _cores() > 1:
-        # The framework's own tests (``pytest tests``) on a machine without a GPU: as with -n
-        # CORES, one worker per core (they share nothing but caches that lock); -n 0 runs them in
-        # one process, as on a GPU machine, where the native and kernel tests share one device.
-        asked = _cores()
-    if asked == 0 or (asked is None and not _runs_harness_only(config)):
-        return
-    gpus = visible_gpus()
-    cores = _cores()
-    budgets = memory.gpu_budgets(config.getoption("gpu_memory"), gpus)
-    if asked in (None, "auto", "logical"):
-        per_gpu = config.getoption("workers_per_gpu") or max(1, cores // max(1, len(gpus)))
-        if budgets and not config.getoption("workers_per_gpu"):  # no more workers than the memory holds
-            per_gpu = min(memory.workers_for(b, per_gpu) for b in budgets.values())
-        count = per_gpu * len(gpus) if gpus else max(1, cores)
-    else:
-        count = int(asked)
-    config._normdiff_gpu_budgets = budgets  # noqa: SLF001 (memory_watch.Ledgers writes each GPU's ledger)
-    specs = [f"popen//env:CUDA_VISIBLE_DEVICES={gpus[i % len(gpus)]}" if gpus else "popen" for i in range(count)]
-    config.option.numprocesses = None  # xdist would replace the specs with plain popen
-    config.option.tx = specs
-    if config.option.dist == "no":
-        config.option.dist = "loadscope"
-    config._normdiff_schedule = True  # noqa: SLF001 (pytest_xdist_make_scheduler)
-    if config.option.maxworkerrestart is None:
-        # Every kernel may crash --crash-limit times before it is stopped, plus some slack.
-        from impls import registry
-
-        registry.load_all(config.getoption("backend_file"))
-        limit = config.getoption("crash_limit") * max(1, len(registry.backends())) * 2 + 2 * count
-        config.option.maxworkerrestart = str(limit)
 
 
 def worker_id(config) -> str | None:
@@ -334,83 +231,3 @@ def release_gpu_memory(keep_bytes: int = 2 << 30) -> None:
         return
     if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > keep_bytes:
         torch.cuda.empty_cache()
-
-
-# -- the controller: what a dead worker was doing ----------------------------------------------
-def classify(note: dict, fault: str, worker: str) -> dict:
-    """The failure kind and its first line, from a dead worker's note and fault output."""
-    where = f"{note.get('kernel', '?')} on {note.get('case', '?')}" if note.get("kernel") else "outside a kernel call"
-    if note.get("fatal"):
-        kind, detail = ("out of memory" if memory.is_oom_text(note["fatal"]) else "crashed"), note["fatal"]
-    elif "Timeout (" in fault:
-        phase = note.get("phase", "test")
-        kind = "hung" if phase != "compile" else "compile timeout"
-        limit = note.get("limit_s")
-        detail = (f"no return within {limit:g} s ({'first call, compiling' if phase == 'compile' else 'kernel call'})"
-                  if limit else "the test did not finish within its time limit")
-    elif (m := re.search(r"Fatal Python error: ([^\n]+)", fault)):
-        kind, detail = "crashed", m.group(1).strip()
-    else:
-        kind, detail = "crashed", ("the worker ended without a message (a signal it cannot catch, such as "
-                                   "SIGKILL from the out-of-memory killer)")
-    return {"kind": kind, "detail": detail, "where": where, "worker": worker,
-            "kernel": note.get("kernel"), "case": note.get("case"), "phase": note.get("phase")}
-
-
-class Controller:
-    """The xdist controller's side: a directory shared with the workers, crash accounting."""
-
-    def __init__(self, config, state):
-        self.config, self.state = config, state
-        self.dir = Path(tempfile.mkdtemp(prefix="normdiff-workers-"))
-        self.limit = config.getoption("crash_limit")
-        self.crashes: Counter = Counter()
-        self.oom_retried: set[str] = set()  # checks requeued after a sticky out-of-memory (memory_watch)
-
-    def pytest_configure_node(self, node):
-        node.workerinput["normdiff_dir"] = str(self.dir)
-
-    def read(self, worker: str, suffix: str) -> str:
-        try:
-            return (self.dir / f"{worker}.{suffix}").read_text()
-        except OSError:
-            return ""
-
-    def note(self, worker: str) -> dict:
-        """What a worker last said it was doing (CallWatch.note), {} when unreadable."""
-        try:
-            return json.loads(self.read(worker, "note") or "{}")
-        except json.JSONDecodeError:
-            return {}
-
-    def pytest_xdist_node_collection_finished(self, node, ids):
-        path = self.dir / f"{node.gateway.id}.collection.json"
-        if not self.state.collected and path.is_file():
-            self.state.adopt_collection(json.loads(path.read_text()))
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_handlecrashitem(self, crashitem, report, sched):
-        worker = report.node.gateway.id
-
-        note = self.note(worker)
-        if note.get("nodeid") not in (None, crashitem):
-            note = {}
-        crash = classify(note, self.read(worker, "fault"), worker)
-        kernel = crash["kernel"] or (self.state.records.get(crashitem) or {}).get("kernel")
-        report.longrepr = f"{crash['kind']}: {crash['detail']} ({crash['where']}, worker {worker})"
-        self.state.crashes[crashitem] = crash
-        if crash["kind"] == "out of memory":  # a resource event, not the kernel's: never a failure
-            self.state.records.setdefault(crashitem, {}).setdefault("oom_events", []).append(
-                memory.sticky_oom_event("alone (sticky)", crash["detail"], worker))
-            report.outcome = "skipped"
-            report.longrepr = (crashitem.split("::")[0], 0, f"Skipped: {memory.OOM}{crash['detail']} "
-                               f"({crash['where']}, worker {worker}); retried alone and out of memory again")
-            return
-        if kernel:
-            self.crashes[kernel] += 1
-            if self.crashes[kernel] >= self.limit:
-                banned = {k: f"{NOT_RUN}{k} crashed {n} times (--crash-limit {self.limit})"
-                          for k, n in self.crashes.items() if n >= self.limit}
-                tmp = self.dir / "banned.json.tmp"
-                tmp.write_text(json.dumps(banned))
-                os.replace(tmp, self.dir / "banned.json")

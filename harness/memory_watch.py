@@ -276,7 +276,7 @@ def addoption(group) -> None:
 
 class Ledgers:
     """On the controller: one ledger per GPU in the workers' directory, with the budget measured
-    when the run started (isolation.plan_workers), and each worker told its GPU and how many share it."""
+    when the run started (workers.plan_workers), and each worker told its GPU and how many share it."""
 
     def __init__(self, config, directory: Path):
         self.config, self.budgets = config, getattr(config, "_normdiff_gpu_budgets", {}) or {}

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from harness import memory_watch
-from harness.isolation import LoadScopeScheduling
+from harness.workers import LoadScopeScheduling
 from harness.shapes import HUGE_ELEMENTS
 
 def case_groups(records: dict, cases: dict, kernels: dict, device_for) -> dict[str, str]:

@@ -119,7 +119,7 @@ def tasks(backends: list[str], profile: str, bench: bool, files: tuple[str, ...]
     if not backends:  # the kernels that compile per shape class
         kernels = [k for k in kernels if type(k).compile_key is not NormKernel.compile_key]
     if bench:
-        from harness import bench as b
+        from harness import bench_sweep as b
         from harness.cases import DTYPES
         from impls.base import NormSpec
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import bench, shapes, timing
+from harness import bench_forward, bench_sweep, shapes, timing
+from harness.arena import Arena
+from harness.cases import DTYPES
 from harness.report import benchmark as report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,13 +104,13 @@ def test_runs_split_over_commands_merge_into_one_report(sample, tmp_path):
 
 
 def test_sweep_shapes():
-    full = bench.sweep("full", ["rms_norm"], ["bfloat16"], repeat=2)
+    full = bench_sweep.sweep("full", ["rms_norm"], ["bfloat16"], repeat=2)
     bw = [s for s in full if s.regime == "bandwidth"]
     assert all(s.m * s.n >= 2**26 and s.m >= 16384 for s in bw)
     assert sorted({s.n for s in bw}) == sorted(shapes.BANDWIDTH_N + shapes.BENCH_LONG_N)
     assert [s.repeat for s in bw] == [0] * (len(bw) // 2) + [1] * (len(bw) // 2)  # a second whole pass
     assert {(s.m, s.n) for s in full if s.regime == "decode"} == {(m, n) for m in (1, 8, 64) for n in (4096, 8192)}
-    assert all(s.m * s.n <= 2**20 for s in bench.sweep("quick", ["rms_norm"], ["float32"]))
+    assert all(s.m * s.n <= 2**20 for s in bench_sweep.sweep("quick", ["rms_norm"], ["float32"]))
 
 
 def test_unwritten_rows_outside_the_sample_are_caught():
@@ -118,20 +120,20 @@ def test_unwritten_rows_outside_the_sample_are_caught():
 
     registry.load_builtins()
     kernel = registry.get("rms_norm", "torch", "eager")
-    s = bench.BenchShape("rms_norm", "float32", 8192, 1024, "bandwidth")
+    s = bench_sweep.BenchShape("rms_norm", "float32", 8192, 1024, "bandwidth")
     x = torch.randn(s.m, s.n)
     w = torch.rand(s.n) + 0.5
     out = kernel(x, w, None, 1e-6)
-    assert bench.verify(kernel, s, x, w, None, 1e-6, out, "cpu")[0] == []
-    sampled = set(bench.sample_rows(s.m, s.n, "cpu").tolist())
+    assert bench_forward.verify(kernel, s, x, w, None, 1e-6, out, "cpu")[0] == []
+    sampled = set(bench_forward.sample_rows(s.m, s.n, "cpu").tolist())
     missing = next(i for i in range(s.m) if i not in sampled)
     out.y[missing] = float("nan")
-    problems, _ = bench.verify(kernel, s, x, w, None, 1e-6, out, "cpu")
+    problems, _ = bench_forward.verify(kernel, s, x, w, None, 1e-6, out, "cpu")
     assert problems and "y: 1024 of" in problems[0]
     # And a wrong value inside the sample fails on the comparison with the oracle.
     out = kernel(x, w, None, 1e-6)
     out.y[0] = reference("rms_norm", x[:1], None, None, 1e-6).y.float()  # weight ignored on row 0
-    assert any("out of tolerance" in p for p in bench.verify(kernel, s, x, w, None, 1e-6, out, "cpu")[0])
+    assert any("out of tolerance" in p for p in bench_forward.verify(kernel, s, x, w, None, 1e-6, out, "cpu")[0])
 
 
 # -- a real run on the CPU ------------------------------------------------------------------------
@@ -296,23 +298,23 @@ def test_the_project_is_what_kernels_declare_not_a_backend_name():
 def test_arena_places_a_shape_at_the_same_addresses_every_time():
     """Every shape's tensors come from one allocation at offsets fixed by the shape: no part
     overlaps another, and asking again (the second pass) gives the same addresses."""
-    shapes = [bench.BenchShape(op, dt, m, n, "bandwidth") for op in ("rms_norm", "layer_norm")
+    shapes = [bench_sweep.BenchShape(op, dt, m, n, "bandwidth") for op in ("rms_norm", "layer_norm")
               for dt in ("float32", "bfloat16") for m, n in ((512, 1024), (128, 4000), (3, 7))]
-    arena = bench.Arena(max(bench.Arena.layout(s)[1] for s in shapes), "cpu")
+    arena = Arena(max(Arena.layout(s)[1] for s in shapes), "cpu")
     base = arena.buf.data_ptr()
     for s in shapes:
         views = arena.views(s)
         spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in views.values())
         assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # no overlap
         assert spans[-1][1] <= base + arena.buf.numel()
-        assert views["x"].shape == (s.m, s.n) and views["x"].dtype == bench.DTYPES[s.dtype]
+        assert views["x"].shape == (s.m, s.n) and views["x"].dtype == DTYPES[s.dtype]
         assert views["rstd"].dtype == torch.float32 and views["rstd"].shape == (s.m,)
         again = arena.views(s)
         assert {k: t.data_ptr() for k, t in again.items()} == {k: t.data_ptr() for k, t in views.items()}
     assert arena.buf.data_ptr() == base  # sized for the largest shape: never reallocated
-    big = bench.BenchShape("rms_norm", "float32", 4096, 4096, "bandwidth")
+    big = bench_sweep.BenchShape("rms_norm", "float32", 4096, 4096, "bandwidth")
     assert arena.views(big)["x"].shape == (4096, 4096)  # a shape it was not sized for: it grows
-    assert arena.buf.numel() >= bench.Arena.layout(big)[1]
+    assert arena.buf.numel() >= Arena.layout(big)[1]
 
 
 def test_a_cpu_run_is_a_smoke_run_with_no_ranking():
@@ -461,7 +463,8 @@ def test_host_calls_shrink_with_device_time_and_pairs_only_where_judged():
     call) the calls are fewer, never under HOST_MIN_CALLS; short calls keep HOST_CALLS. Entry
     points are timed paired with their peers only at the shapes the host target judges."""
     from harness import timing
-    from harness.bench import BenchShape, host_target_shape
+    from harness.bench_forward import host_target_shape
+    from harness.bench_sweep import BenchShape
 
     assert timing.host_calls_for(2.0) == timing.HOST_CALLS
     assert timing.host_calls_for(60.0) == timing.HOST_CALLS
@@ -479,16 +482,17 @@ def test_host_calls_shrink_with_device_time_and_pairs_only_where_judged():
 
 def test_headline_set_covers_every_regime_and_the_budget_skips_what_cannot_fit():
     from harness.arena import shape_need
-    from harness.bench import CHECK_ELEMENTS, BenchContext
+    from harness.bench_context import BenchContext
+    from harness.bench_forward import CHECK_ELEMENTS
     from harness.report.host import judges_host
     from harness.shapes import HEADLINE_LONG_N
 
-    shapes = bench.sweep("full", ["rms_norm", "layer_norm"], ["bfloat16"], 1, "headline")
+    shapes = bench_sweep.sweep("full", ["rms_norm", "layer_norm"], ["bfloat16"], 1, "headline")
     regimes = {s.regime for s in shapes}
     assert regimes == {"bandwidth", "decode", "backward"}
     assert any(s.n in HEADLINE_LONG_N for s in shapes), "no long rows"
     assert any(judges_host(s.regime, s.n) and s.regime == "bandwidth" for s in shapes), "no host column at bandwidth"
-    assert len(shapes) < len(bench.sweep("full", ["rms_norm", "layer_norm"], ["bfloat16"], 1, "full")) / 2
+    assert len(shapes) < len(bench_sweep.sweep("full", ["rms_norm", "layer_norm"], ["bfloat16"], 1, "full")) / 2
 
     class Config:
         def getoption(self, name):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import isolation, scheduling
+from harness import controller, scheduling, workers
 
 pytest.importorskip("xdist")
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_workers_and_merged_shards_give_the_report_one_process_gives(tmp_path):
 
 def test_workers_are_pinned_to_gpus_on_a_simulated_two_gpu_host(tmp_path):
     proc, _ = harness("harness/test_differential.py", "--backend", "torch", *BF16_RMS, "--workers-per-gpu", "2",
-                      f"--report-dir={tmp_path}", env_extra={isolation.FAKE_GPUS_ENV: "2"})
+                      f"--report-dir={tmp_path}", env_extra={workers.FAKE_GPUS_ENV: "2"})
     assert proc.returncode == 0, proc.stdout[-3000:]
     recs = records(tmp_path).values()
     gpu_of = {}
@@ -182,15 +182,15 @@ def test_scopes_keep_a_case_together_and_cases_sharing_a_compile_key_in_few_piec
 
 def test_classify_reads_what_a_dead_worker_left():
     note = {"kernel": "k.v", "case": "c", "phase": "call", "limit_s": 5}
-    assert isolation.classify(note, "Fatal Python error: Aborted\n\nStack...", "gw1")["detail"] == "Aborted"
-    assert isolation.classify(note, "Timeout (0:00:05)!\nThread", "gw1")["kind"] == "hung"
-    assert isolation.classify({**note, "phase": "compile"}, "Timeout (0:15:00)!", "gw1")["kind"] == "compile timeout"
-    assert "out-of-memory killer" in isolation.classify(note, "", "gw1")["detail"]
-    assert isolation.classify({**note, "fatal": "sticky"}, "", "gw1")["detail"] == "sticky"
+    assert controller.classify(note, "Fatal Python error: Aborted\n\nStack...", "gw1")["detail"] == "Aborted"
+    assert controller.classify(note, "Timeout (0:00:05)!\nThread", "gw1")["kind"] == "hung"
+    assert controller.classify({**note, "phase": "compile"}, "Timeout (0:15:00)!", "gw1")["kind"] == "compile timeout"
+    assert "out-of-memory killer" in controller.classify(note, "", "gw1")["detail"]
+    assert controller.classify({**note, "fatal": "sticky"}, "", "gw1")["detail"] == "sticky"
 
 
 def test_benchmarks_split_over_gpus_one_process_each_and_merge(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), isolation.FAKE_GPUS_ENV: "2"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), workers.FAKE_GPUS_ENV: "2"}
     proc = subprocess.run([sys.executable, "-m", "harness.bench_gpus", "--out", str(tmp_path), "--backend", "torch",
                            "--op", "rms_norm", "--dtype", "float32", "--bench-rounds", "3"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

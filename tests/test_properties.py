@@ -111,7 +111,7 @@ def test_batch_invariance_cases_are_weighed_by_the_scheduler():
     checks run in the heavy lanes; outside it they spread over every worker and, on the H200 at
     27152d6, ran the GPU out of memory."""
     from harness import properties, scheduling
-    from harness.plugin import HarnessState
+    from harness.state import HarnessState
 
     state = HarnessState(kernels=[], cases=[], profile="full", selection={},
                          batch_cases=properties.batch_cases("full"))
