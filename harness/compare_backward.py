@@ -3,7 +3,7 @@
 Notation per row: x^ the normalised row, g = dy * w (dy without a weight), rstd the oracle's,
 cond = 1 + |mean| * rstd (1 for RMSNorm), u_c = 2^-24 (float32 arithmetic), u_s the unit
 roundoff of the precision the kernel declares its statistics in (``NormKernel.stat_dtype``).
-The README's *Backward tolerance* section derives each bound; in short:
+docs/checks.md, *Backward tolerance*, derives each bound; in short:
 
 - **dx** = rstd * (g - mean(g) - x^ * mean(g * x^)) (no mean(g) for RMSNorm). Each term is at most
   scale_i = rstd * (|g_i| + rms(g) * (1 + |x^_i|)) (|mean g| <= rms g; |mean g x^| <= rms g, since
