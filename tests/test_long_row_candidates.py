@@ -1,8 +1,9 @@
 """The long-row kernels that cannot be checked without a GPU, checked as far as a CPU goes: the
-TileLang candidates that tools/long_row_probe.py times compile for sm_90, and the lagged split
-kernels (which need every program of a row resident at once) compile for sm_90 with the row they
-store carried in registers from one step to the next, and run under the interpreter with one
-program a row (the registered ones and the Triton candidate)."""
+TileLang candidates that tools/long_row_probe.py times (impls/tilelang/candidates) compile for
+sm_90, and the lagged split kernels (which need every program of a row resident at once) compile
+for sm_90 with the row they store carried in registers from one step to the next, and run under
+the interpreter with one program a row (the registered ones and the Triton candidates,
+impls/triton/candidates). The backends never import their candidates."""
 import pytest
 
 import impls.triton as tri
@@ -12,10 +13,9 @@ pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton 
 
 
 def test_tilelang_candidates_compile_for_sm90_without_spills():
-    """The TileLang candidates (impls/tilelang/_candidates.py) built for sm_90 with nvcc at the
-    probe's N, a padded N and float32: an sm_90 binary, registers within 255, no spills, and the
-    cluster kernels' TMA form loading by TMA. They cannot run here; the probe's checks on the GPU
-    are their first run."""
+    """The TileLang splitk_pipelined candidate built for sm_90 with nvcc at the probe's N, a padded
+    N and float32: an sm_90 binary, registers within 255, no spills. It cannot run here; the
+    probe's checks on the GPU are its first run."""
     from impls.tilelang import compiler
 
     tl, why = compiler.tilelang_module()
@@ -23,17 +23,13 @@ def test_tilelang_candidates_compile_for_sm90_without_spills():
         pytest.skip(why)
     if compiler.nvcc_path() is None:
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
-    from impls.tilelang._candidates import cluster_tma, compile_offline
+    from impls.tilelang.candidates import compile_offline
 
-    builds = [(dtype, n, None) for dtype, n in (("bfloat16", 65536), ("bfloat16", 100000), ("float32", 262144))]
-    builds.append(("bfloat16", 100000, cluster_tma("rms_norm")))  # a padded row: the last segment's tail
-    for dtype, n, kernel in builds:
-        r = compile_offline(dtype, n, kernel=kernel)
+    for dtype, n in (("bfloat16", 65536), ("bfloat16", 100000), ("float32", 262144)):
+        r = compile_offline(dtype, n)
+        assert "splitk_pipelined" in r["plan"], r
         assert r["sass_arch"] == "sm_90" and r["registers"] is not None and r["registers"] <= 255, r
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
-        assert r["tma"] == (kernel is not None), r  # the cluster candidates load their segment by TMA
-        if kernel is not None:  # its segment (28 KB) in dynamic shared memory, read past the tensor map's arguments
-            assert r["smem_dynamic"] > 16384, r
 
 
 @pytest.mark.parametrize("op,name", [("rms_norm", "tilelang.cluster"), ("layer_norm", "tilelang.layer_norm_cluster")])
@@ -49,7 +45,7 @@ def test_cluster_exchange_forms_compile_for_sm90(op, name):
     from impls import registry
     from impls.tilelang import compiler
     from impls.tilelang.plan import choose_vec
-    from tools import long_row_probe as probe
+    from tools.long_row_candidates import candidates
 
     tl, why = compiler.tilelang_module()
     if tl is None:
@@ -57,7 +53,7 @@ def test_cluster_exchange_forms_compile_for_sm90(op, name):
     if compiler.nvcc_path() is None:
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
     registry.load_all()
-    made = {lab: m for _, lab, m in probe.candidates(op)}
+    made = {lab: m for _, lab, m in candidates(op)}
     made[name + " registered"] = lambda: registry.get(op, "tilelang", name.split(".")[1])
     ln = op == "layer_norm"  # LayerNorm's plans sum the statistics on the way into shared memory
     other_stats = "stats from shared memory" if ln else "stats in load"
@@ -101,7 +97,8 @@ def test_lagged_split_carries_the_previous_row():
     with the weight (and bias) loaded each row and held from the start (HOLD_W). And the load
     choices of the settings reach the PTX, at a shape Triton 3.6 once failed to compile,
     NEXT_FIRST puts the next row's load before this row's reductions, and the store-halves
-    candidate compiles to fewer registers than the kernel it varies."""
+    candidate (impls/triton/candidates/halves.py) compiles to fewer registers than the kernel it
+    varies."""
     import re
     import subprocess
     import sys
@@ -149,11 +146,11 @@ for nf in (False, True):
     compiled = compile_sm90(k.layer_norm_split_lag, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132), meta)
     order = re.findall(r"ld\.global\.cg|bar\.sync", compiled.asm["ptx"])
     print("order", nf, order.index("bar.sync"), order.count("ld.global.cg"))
-# The store-halves candidate (impls.triton._candidates) at the same setting: registers and spills,
-# against the registered kernel's (the last compiled above).
-from impls.triton import _candidates
+# The store-halves candidate (impls.triton.candidates.halves) at the same setting: registers and
+# spills, against the registered kernel's (the last compiled above).
+from impls.triton.candidates import halves as candidate
 from tools.triton_resources import _usage
-halves = compile_sm90(_candidates.layer_norm_split_lag_halves, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132),
+halves = compile_sm90(candidate.layer_norm_split_lag_halves, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132),
                       meta)
 print("registers", *_usage(compiled), *_usage(halves))
 '''
@@ -188,11 +185,13 @@ def test_lagged_split_rows_with_one_program_a_row(name, next_first, hold_next):
     and the exchange words left zero for the next launch."""
     import torch
 
-    from impls.triton import _candidates, _kernels
+    from impls.triton import _kernels
     from impls.triton._launch import state
+    from impls.triton.candidates import halves, l2_kernels
 
     device = "cpu" if state().interpreted else "cuda"
-    fn = getattr(_candidates if name.endswith("halves") else _kernels, name)
+    # the registered kernels, the store-halves candidate, and l2_kernels' without the next row held
+    fn = getattr(halves if name.endswith("halves") else _kernels if hold_next else l2_kernels, name)
     m, n, block = 7, 1000, 1024
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(m, n, generator=g) * 3 + 100).to(device)
@@ -221,43 +220,42 @@ def test_lagged_split_rows_with_one_program_a_row(name, next_first, hold_next):
 
 
 def test_probe_row_candidates_run_the_rows_they_name():
-    """tools/long_row_probe's "1 row" RMSNorm candidate runs one row a block against the plan's two
-    (at 4f8c23e it ran the registered plan: a comparison of a kernel with itself)."""
+    """The probe's "1 row" RMSNorm candidate runs one row a block against the plan's two, not the
+    registered plan (a comparison of a kernel with itself)."""
     import torch
 
     from impls import registry
-    from tools import long_row_probe as probe
+    from tools.long_row_candidates import candidates
 
     registry.load_all()
     for op, label, rows in (("rms_norm", "tilelang.cluster", 2), ("rms_norm", "tilelang.cluster 1 row", 1),
                             ("layer_norm", "tilelang.layer_norm_cluster", 1),
                             ("layer_norm", "tilelang.layer_norm_cluster 2 rows", 2)):
-        make = {lab: m for _, lab, m in probe.candidates(op)}[label]
+        make = {lab: m for _, lab, m in candidates(op)}[label]
         plan = make().plan_for(torch.bfloat16, 65536, True, op == "layer_norm", 8)
         assert plan.rows_per_block == rows, label
 
 
 def test_layer_norm_weight_and_bias_ahead_compile_for_sm90():
-    """Plan.wb_ahead (the probe's 'wb ahead' candidates): the first chunks' weight and bias are
-    loaded into registers before the block waits for its peers' partials, not after; sm_90 builds
-    without spills at a power-of-two N and a padded one. They run on a GPU only (the probe)."""
-    import dataclasses
-
+    """CandidatePlan.wb_ahead (the probe's 'wb ahead' candidates): the first chunks' weight and bias
+    are loaded into registers before the block waits for its peers' partials, not after; sm_90
+    builds without spills at a power-of-two N and a padded one. They run on a GPU only (the
+    probe)."""
     import torch
 
     from impls.tilelang import compiler
-    from impls.tilelang._long_plan import cluster_plan
-    from tools import long_row_probe as probe
+    from impls.tilelang.candidates import candidate_plan
+    from tools.long_row_candidates import candidates
 
     tl, why = compiler.tilelang_module()
     if tl is None:
         pytest.skip(why)
     if compiler.nvcc_path() is None:
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
-    labels = {lab for _, lab, _ in probe.candidates("layer_norm")}
+    labels = {lab for _, lab, _ in candidates("layer_norm")}
     assert {"tilelang.layer_norm_cluster wb ahead 2", "tilelang.layer_norm_cluster 3 blocks an SM"} <= labels
     for n, ahead in ((131072, 4), (100000, 2), (131072, 0)):  # 4 at 100000 spills 36 bytes (its masks)
-        plan = dataclasses.replace(cluster_plan("layer_norm_cluster", torch.bfloat16, n, True, True, 8), wb_ahead=ahead)
+        plan = candidate_plan("layer_norm_cluster", torch.bfloat16, n, True, True, 8, wb_ahead=ahead)
         compiled = compiler.compile_plan(plan, compiler.SM90)
         src, r = compiled.source(), compiler.ptxas_report(compiled)
         assert r.sass_arch == "sm_90" and r.spill_stores == 0 and r.spill_loads == 0, (plan.describe(), r)
@@ -271,12 +269,13 @@ def test_layer_norm_weight_and_bias_ahead_compile_for_sm90():
 
 def test_l2_prefetch_candidates_compile_for_sm90():
     """The bulk prefetch into L2 (the probe's 'L2 ahead' and 'L2 only' candidates), compiled for
-    sm_90 (no GPU needed): the lagged split kernels issue one cp.async.bulk.prefetch.L2 a step
-    (and L2_AHEAD - 1 before their loop) and none at L2_AHEAD = 0, at the registers they take
-    without it (within 2; registers on Triton 3.6 only); without the next row held (HOLD_NEXT off) they prefetch
-    L2_AHEAD rows before the loop, and LayerNorm takes fewer registers (RMSNorm no more), without spills; the TileLang cluster
-    kernels call the prefetch before their first load of x, within 2 registers, without spills."""
-    import dataclasses
+    sm_90 (no GPU needed): the lagged split kernels of impls/triton/candidates/l2_kernels.py issue
+    one cp.async.bulk.prefetch.L2 a step (and L2_AHEAD - 1 before their loop) and none at
+    L2_AHEAD = 0, at the registers they take without it (within 2; registers on Triton 3.6 only);
+    without the next row held (HOLD_NEXT off) they prefetch L2_AHEAD rows before the loop, and
+    LayerNorm takes fewer registers (RMSNorm no more), without spills; the registered lagged
+    kernels issue none. The TileLang cluster candidates call the prefetch before their first load
+    of x, within 2 registers of the registered plan, without spills."""
     import os
     import re
     import subprocess
@@ -285,7 +284,8 @@ def test_l2_prefetch_candidates_compile_for_sm90():
 
     script = r'''
 import triton, torch
-from impls.triton import _kernels as k
+from impls.triton import _kernels as registered
+from impls.triton.candidates import l2_kernels as k
 from tools.triton_resources import compile_sm90, _usage
 n, bn = 131072, 4096
 x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
@@ -299,6 +299,10 @@ for name, fn, hold in (("rms", k.rms_norm_split_lag, True), ("ln", k.layer_norm_
     for ahead in (0, 1, 2):
         c = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), dict(meta, L2_AHEAD=ahead, HOLD_NEXT=hold))
         print(name, ahead, c.asm["ptx"].count("cp.async.bulk.prefetch.L2.global"), *_usage(c))
+    fn = getattr(registered, fn.__name__)  # the registered kernel: no prefetch, no HOLD_NEXT or L2_AHEAD
+    if hold:
+        c = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), meta)
+        print(name + "_registered", 0, c.asm["ptx"].count("cp.async.bulk.prefetch.L2.global"), *_usage(c))
 '''
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
@@ -309,7 +313,8 @@ for name, fn, hold in (("rms", k.rms_norm_split_lag, True), ("ln", k.layer_norm_
     # The register counts are Triton 3.6's (the H200's); another Triton allocates differently (3.9:
     # RMSNorm 72 registers at L2_AHEAD 0, 84 at 2), so there only the sites and no spills are checked.
     regs_checked = __import__("triton").__version__.startswith("3.6.")
-    for name in ("rms", "ln"):
+    for name in ("rms", "ln"):  # at L2_AHEAD = 0 with the next row held: the registered kernel
+        assert got[name + "_registered", 0] == got[name, 0], (name, got[name + "_registered", 0], got[name, 0])
         regs0 = got[name, 0][1]
         for ahead, sites in ((0, 0), (1, 1), (2, 2)):
             count, regs, spills = got[name, ahead]
@@ -326,8 +331,8 @@ for name, fn, hold in (("rms", k.rms_norm_split_lag, True), ("ln", k.layer_norm_
     import torch
 
     from impls.tilelang import compiler
-    from impls.tilelang._long_plan import cluster_plan
-    from tools import long_row_probe as probe
+    from impls.tilelang.candidates import candidate_plan
+    from tools.long_row_candidates import candidates
 
     tl, why = compiler.tilelang_module()
     if tl is None:
@@ -335,13 +340,12 @@ for name, fn, hold in (("rms", k.rms_norm_split_lag, True), ("ln", k.layer_norm_
     if compiler.nvcc_path() is None:
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
     for op, variant in (("rms_norm", "cluster"), ("layer_norm", "layer_norm_cluster")):
-        labels = {lab for _, lab, _ in probe.candidates(op)}
+        labels = {lab for _, lab, _ in candidates(op)}
         assert {f"tilelang.{variant} L2 ahead 1", "triton.split L2 ahead 1", "triton.split L2 only"} <= labels, op
         for dtype, n, vec in ((torch.bfloat16, 131072, 8), (torch.float32, 100000, 4)):
-            own = cluster_plan(variant, dtype, n, True, op == "layer_norm", vec)
             reports = []
-            for ahead in (0, 1):
-                plan = dataclasses.replace(own, l2_ahead=ahead)
+            for ahead in (0, 1):  # 0: the registered plan
+                plan = candidate_plan(variant, dtype, n, True, op == "layer_norm", vec, l2_ahead=ahead)
                 compiled = compiler.compile_plan(plan, compiler.SM90)
                 src, r = compiled.source(), compiler.ptxas_report(compiled)
                 assert r.sass_arch == "sm_90" and r.spill_stores == 0 and r.spill_loads == 0, (plan.describe(), r)
@@ -361,12 +365,12 @@ def test_gpu_run_longprobe_selects_the_open_candidates():
     import re
     from pathlib import Path
 
-    from tools import long_row_probe as probe
+    from tools.long_row_candidates import candidates
 
     src = (Path(__file__).resolve().parents[1] / "tools" / "gpu_run.sh").read_text()
     for op, var, own in (("layer_norm", "PROBE_LN", "tilelang.layer_norm_cluster"), ("rms_norm", "PROBE_RMS", "tilelang.cluster")):
         only = re.search(rf"\${{{var}-'(.*?)'}}", src).group(1)
-        labels = [label for _, label, _ in probe.candidates(op)]
+        labels = [label for _, label, _ in candidates(op)]
         chosen = {label for label in labels if re.search(only, label)}
         assert {own, "triton.split"} <= chosen, (op, sorted(chosen))
         assert {label for label in labels if "L2 " in label and not label.endswith("4")} <= chosen, (op, sorted(chosen))
@@ -374,7 +378,7 @@ def test_gpu_run_longprobe_selects_the_open_candidates():
 
 
 def test_layer_norm_rows_in_turn_compile_for_sm90():
-    """Plan.seq_rows (the probe's 'rows in turn' candidates): sm_90 builds without spills in every
+    """CandidatePlan.seq_rows (the probe's 'rows in turn' candidates): sm_90 builds without spills in every
     dtype and at a padded N; the weight and bias are read from global memory only before the row
     loop (the rows read them from shared memory), the loop alternates two mbarriers with the
     parity of its row pairs, and every row starts with a barrier (its load overwrites the segment
@@ -384,7 +388,7 @@ def test_layer_norm_rows_in_turn_compile_for_sm90():
     import torch
 
     from impls.tilelang import compiler
-    from impls.tilelang._long_plan import cluster_plan
+    from impls.tilelang.candidates import candidate_plan
 
     tl, why = compiler.tilelang_module()
     if tl is None:
@@ -392,7 +396,8 @@ def test_layer_norm_rows_in_turn_compile_for_sm90():
     if compiler.nvcc_path() is None:
         pytest.skip("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
     for dtype, n, vec in ((torch.bfloat16, 131072, 8), (torch.float16, 100000, 8), (torch.float32, 65536, 4)):
-        plan = cluster_plan("layer_norm_cluster", dtype, n, True, True, vec, None, 16384, 16, None, 8)
+        plan = candidate_plan("layer_norm_cluster", dtype, n, True, True, vec, segment_bytes=16384, max_cluster=16,
+                              seq_rows=8)
         assert plan.seq_rows == 8 and plan.min_blocks, plan
         compiled = compiler.compile_plan(plan, compiler.SM90)
         src, r = compiled.source(), compiler.ptxas_report(compiled)
@@ -422,12 +427,13 @@ for k in registry.kernels():
         continue
     if k.backend.startswith("candidate_tilelang"):
         p = k.plan_for(torch.bfloat16, 131072, True, k.op == "layer_norm", 8)
-        print(k.op, k.name, "plan", p.seq_rows, p.l2_ahead, p.rows_per_block)
+        print(k.op, k.name, "plan", getattr(p, "seq_rows", 0), getattr(p, "l2_ahead", 0), p.rows_per_block)
     else:
         c = k.config(131072, torch.bfloat16)
         print(k.op, k.name, "config", c.l2_ahead, c.hold_next, k.kernel_name(131072))
 own = registry.get("layer_norm", "tilelang", "layer_norm_cluster").plan_for(torch.bfloat16, 131072, True, True, 8)
-print("own", own.seq_rows, own.l2_ahead, registry.get("layer_norm", "triton", "split").config(131072, torch.bfloat16).l2_ahead)
+cfg = registry.get("layer_norm", "triton", "split").config(131072, torch.bfloat16)
+print("own", type(own).__name__, type(cfg).__name__, hasattr(own, "l2_ahead") or hasattr(cfg, "l2_ahead"))
 '''
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
@@ -438,7 +444,7 @@ print("own", own.seq_rows, own.l2_ahead, registry.get("layer_norm", "triton", "s
     assert rows["candidate_tilelang_cluster_l2_ahead_2.cluster"][3:5] == ["0", "2"]
     assert rows["candidate_triton_split_l2_ahead_1.split"][3:] == ["1", "True", "rms_norm_split_lag"]
     assert rows["candidate_triton_split_l2_only.split"][3:] == ["1", "False", "rms_norm_split_lag"]
-    assert proc.stdout.splitlines()[-1].split()[1:] == ["0", "0", "0"]  # the registered kernels' own
+    assert proc.stdout.splitlines()[-1].split()[1:] == ["Plan", "LaunchConfig", "False"]  # the registered kernels' own
 
 
 def test_probe_schedule_budget_and_again_on_the_cpu(tmp_path, monkeypatch):
@@ -491,21 +497,41 @@ def test_probe_schedule_budget_and_again_on_the_cpu(tmp_path, monkeypatch):
     assert [r.get("skipped") for r in doc["results"]] == ["budget"] * 6, doc["results"]
 
 
-def test_rows_in_turn_rule_is_one_switch(monkeypatch):
-    """_long_plan.LN_SEQ_ROWS (off until a probe says otherwise) turns the LayerNorm plans into
-    rows in turn with 16 KB segments in clusters of up to 16, with the shared memory of the weight
-    and bias counted in the launch bound; RMSNorm's plans and the probe's explicit choices stay."""
+def test_rows_in_turn_plan_counts_the_weight_and_bias_segments():
+    """The probe's 'rows in turn' plans (candidate_plan with seq_rows): 16 KB segments in clusters of
+    up to 16, with the shared memory of the weight and bias counted in the launch bound; without
+    seq_rows the same overrides give a plain Plan, which the registered program builds."""
     import torch
 
-    from impls.tilelang import _long_plan as lp
+    from impls.tilelang._long_plan import cluster_size
+    from impls.tilelang.candidates import CandidatePlan, candidate_plan
+    from impls.tilelang.plan import Plan
 
-    off = lp.cluster_plan("layer_norm_cluster", torch.bfloat16, 131072, True, True, 8)
-    assert off.seq_rows == 0 and off.padded == 16384
-    monkeypatch.setattr(lp, "LN_SEQ_ROWS", 8)
-    on = lp.cluster_plan("layer_norm_cluster", torch.bfloat16, 131072, True, True, 8)
-    assert (on.seq_rows, on.padded, lp.cluster_size(on)) == (8, 8192, 16), on
+    def plan(dtype, n, vec, seq_rows):
+        return candidate_plan("layer_norm_cluster", dtype, n, True, True, vec, segment_bytes=16384, max_cluster=16,
+                              seq_rows=seq_rows)
+
+    on = plan(torch.bfloat16, 131072, 8, 8)
+    assert isinstance(on, CandidatePlan) and on.variant == "layer_norm_cluster_rows"
+    assert (on.seq_rows, on.padded, cluster_size(on)) == (8, 8192, 16), on
     assert on.min_blocks == 4  # three 16 KB segments a block: four blocks an SM
-    assert lp.cluster_plan("layer_norm_cluster", torch.bfloat16, 131072, True, True, 8, seq_rows=0).seq_rows == 0
-    assert lp.cluster_plan("cluster", torch.bfloat16, 131072, True, False, 8).seq_rows == 0
-    wide = lp.cluster_plan("layer_norm_cluster", torch.float32, 262144, True, True, 4)
+    off = plan(torch.bfloat16, 131072, 8, 0)
+    assert type(off) is Plan and off.variant == "layer_norm_cluster" and off.padded == on.padded
+    wide = plan(torch.float32, 262144, 4, 8)
     assert wide.seq_rows == 8 and wide.min_blocks is None  # 192 KB a block: one an SM, no bound
+    assert plan(torch.float32, 262144, 4, 0).min_blocks == 2  # 64 KB a block: two an SM (the registers' bound)
+
+
+def test_the_backends_do_not_import_their_candidates():
+    """The kernels users run carry no candidate: loading the built-in backends imports neither
+    impls.triton.candidates nor impls.tilelang.candidates (only the probe's tools do)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import sys; from impls import registry; registry.load_builtins(); "
+              "print(sorted(m for m in sys.modules if m.startswith('impls.') and 'candidates' in m))")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]", proc.stdout

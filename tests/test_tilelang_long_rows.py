@@ -59,16 +59,13 @@ def test_cluster_plan_shares_an_sm_at_the_long_rows():
 ])
 def test_rmsnorm_blocks_carry_two_rows_where_a_segment_takes_256_threads(dtype, n, rows):
     """_long_plan.RMS_ROWS from N = 65536 while a row's segment takes 256 threads, at two blocks an
-    SM (2 x 64 registers a thread); LayerNorm and the TMA form keep one row a block."""
-    from impls.tilelang._candidates import cluster_tma
-
+    SM (2 x 64 registers a thread); LayerNorm keeps one row a block."""
     vec = 16 // dtype.itemsize
     plan = cluster_plan("cluster", dtype, n, True, False, vec)
     assert (plan.rows_per_block, plan.threads) == (rows, 256 if rows == 2 else plan.threads)
     if rows == 2:
         assert plan.min_blocks == 2 and cluster_size(plan) == -(-n // plan.padded)
     assert cluster_plan("layer_norm_cluster", dtype, n, True, True, vec).rows_per_block == 1
-    assert cluster_tma("rms_norm").plan_for(dtype, n, True, False, vec).rows_per_block == 1
 
 
 @pytest.mark.parametrize("variant", ["cluster", "layer_norm_cluster"])

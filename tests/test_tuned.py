@@ -75,8 +75,7 @@ def test_the_split_settings_carry_the_lagged_kernels_load_choices():
     ruled = settings.split_config(100000, torch.bfloat16, "layer_norm")  # no row: the rule
     for cfg, op in ((held, "rms_norm"), (ruled, "layer_norm")):
         assert (cfg.x_cache, cfg.w_evict) == (settings.SPLIT_X_CACHE, settings.SPLIT_W_EVICT)
-        # the L2 prefetch and the next row held: the settings' defaults where a row leaves them out
-        assert (cfg.l2_ahead, cfg.hold_next) == (settings.SPLIT_L2_AHEAD[op], True)
+        assert cfg.next_first == settings.SPLIT_NEXT_FIRST[op]  # the op's default where a row leaves it out
     assert held.hold_w and not ruled.hold_w
 
 

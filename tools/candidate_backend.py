@@ -1,4 +1,4 @@
-"""The long-row probe's candidates (tools/long_row_probe.py) as an outside backend, so that the
+"""The long-row probe's candidates (tools/long_row_candidates.py) as an outside backend, so that the
 whole correctness catalogue (row tails, strided rows, padded N, rows above 2^31 elements,
 determinism, batch invariance, fuzz) runs on a candidate before it is adopted:
 
@@ -17,7 +17,7 @@ import os
 import re
 
 from impls import registry
-from tools.long_row_probe import candidates
+from tools.long_row_candidates import candidates
 
 DEFAULT = r"( L2 ahead [12]| L2 only| rows in turn| cluster<=16 2 rows| wb ahead 2| 3 blocks an SM)"
 

@@ -100,6 +100,8 @@ def offline_gpu(kernel):
         if "programs_per_sm" in run_globals:
             module = sys.modules[type(kernel).run.__module__]
             stack.enter_context(patched(module, programs_per_sm=lambda compiled, device: 1))
+            # Every build records the launch that sizes the grid too, whatever ran before it.
+            run_globals.get("_RESIDENT_PROGRAMS", {}).clear()
         yield
 
 
@@ -143,7 +145,8 @@ class TritonHasher:
             kernel, cfg = kernel.target(n, dtype, m)  # a dispatch kernel: the variant it runs, as it runs it
         with offline_gpu(kernel):
             if backward:
-                launches = [(name, fn, args, dict(kwargs)) for name, fn, args, kwargs in kernel.backward_launches(x, w, b)]
+                launches = [(name, fn, args, dict(kwargs))
+                            for name, fn, args, kwargs in kernel.backward_launches(x, w, b)]
             else:
                 launches = []
                 for launch in kernel.launches(x, w, b, cfg=cfg):

@@ -85,18 +85,6 @@ class Plan:
     # normdiff_block_sum) instead of TileLang's AllReduce (two barriers a round, log2(threads / 32)
     # rounds); its workspace needs shared memory of its own (compiler.SLOTS_OWN_MEMORY).
     one_barrier_sum: bool = False
-    # LayerNorm cluster kernel: the weight and bias of the segment's first wb_ahead chunks loaded
-    # into registers after the block sums, so that they are in flight while the block waits for
-    # its peers' partials (a probe candidate; 0: every chunk's loaded as it is stored).
-    wb_ahead: int = 0
-    # Cluster kernels: each block first brings its segment of the row l2_ahead waves ahead into L2
-    # (one bulk prefetch by thread 0; a wave: the rows the GPU holds at once at min_blocks blocks an
-    # SM), so the block that will load it finds it there (a probe candidate; 0: none).
-    l2_ahead: int = 0
-    # LayerNorm cluster kernel: each cluster normalises seq_rows consecutive rows one after another,
-    # its blocks holding their weight and bias segments in shared memory, loaded once for all of
-    # them (_long_programs.layer_norm_cluster_rows; a probe candidate; 0: one row a cluster).
-    seq_rows: int = 0
 
     @property
     def threads(self) -> int:

@@ -24,7 +24,7 @@ kernel's grid also splits the columns. Offsets are 64-bit, as in the forward.
 import triton
 import triton.language as tl
 
-from impls.triton._kernels import _store_y
+from impls.triton._row_kernels import _store_y
 
 
 @triton.jit

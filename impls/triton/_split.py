@@ -1,6 +1,6 @@
 """The split variant: each row over SPLITS programs that exchange partial statistics through a
 workspace in global memory, over a persistent grid sized from the compiled kernel's resources.
-Rows of at least SPLIT_LAG_MIN_N columns run the lagged kernels (_kernels.*_split_lag: row i's
+Rows of at least SPLIT_LAG_MIN_N columns run the lagged kernels (_split_kernels.*_split_lag: row i's
 partial published before row i - 1 is stored, so the wait for the siblings is off the critical
 path)."""
 from __future__ import annotations
@@ -9,13 +9,12 @@ import torch
 
 from impls.gpu_limits import SM_MAX_BLOCKS, SM_REGISTERS, SM_SHARED, SM_THREADS, blocks_per_sm, cdiv, next_pow2
 from impls.triton._launch import TritonKernel, split_unavailable
-from impls.triton.settings import (SPLIT_DEPTH, SPLIT_LAG_MIN_N, SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig,
-                                   split_config)
+from impls.triton.settings import SPLIT_LAG_MIN_N, SPLIT_MAX, SPLIT_MAX_BLOCK, LaunchConfig, split_config
 
 
 class SplitRowsKernel(TritonKernel):
     """The split variant: each row over SPLITS programs that exchange partial statistics (see
-    _kernels.rms_norm_split). GPU only, and every program of a row must be resident at once, so
+    _split_kernels.rms_norm_split). GPU only, and every program of a row must be resident at once, so
     the grid is persistent: as many groups of SPLITS programs as the GPU holds, counted from the
     compiled kernel's registers, threads and shared memory."""
 
@@ -39,13 +38,15 @@ class SplitRowsKernel(TritonKernel):
                           f"this GPU has {sms} SMs")
         return reason
 
-    depth = SPLIT_DEPTH  # rows of x loaded ahead (settings.SPLIT_DEPTH)
-
     def _meta(self, cfg: LaunchConfig) -> dict:
-        return {}  # SPLITS (and DEPTH, for the kernel that takes it) come from the call, which knows N
+        return {}  # SPLITS comes from the call, which knows N
 
     def kernel_name(self, n: int) -> str:
         return self._kernel_name + ("_lag" if n >= SPLIT_LAG_MIN_N else "")
+
+    def lag_meta(self, cfg: LaunchConfig) -> dict:
+        """The lagged kernels' load choices (settings.split_config): compile-time arguments."""
+        return dict(HOLD_W=cfg.hold_w, X_CACHE=cfg.x_cache, W_EVICT=cfg.w_evict, NEXT_FIRST=cfg.next_first)
 
     def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
         """As TritonKernel.run, with the workspace between ``tensors`` and ``scalars`` and the
@@ -54,11 +55,8 @@ class SplitRowsKernel(TritonKernel):
         splits = cdiv(n, cfg.block_n)
         name = self.kernel_name(n)
         meta.update(SPLITS=splits, SPLITS_P2=next_pow2(splits))
-        if name == self._kernel_name:
-            meta["DEPTH"] = self.depth
-        else:  # the lagged kernels' load choices (settings.split_config)
-            meta.update(HOLD_W=cfg.hold_w, X_CACHE=cfg.x_cache, W_EVICT=cfg.w_evict, NEXT_FIRST=cfg.next_first,
-                        L2_AHEAD=cfg.l2_ahead, HOLD_NEXT=cfg.hold_next)
+        if name != self._kernel_name:
+            meta.update(self.lag_meta(cfg))
         words, done = _split_workspace(x.device)
         key = (name, x.device, x.dtype, n, cfg, tuple(sorted(meta.items())))
         resident = _RESIDENT_PROGRAMS.get(key)

@@ -41,12 +41,8 @@ DECODE_PER_THREAD = 16
 SPLIT_MAX = 64
 SPLIT_MAX_BLOCK = 16384
 SPLIT_PER_THREAD = 32
-# Rows of x the waiting split kernel loads ahead of the one it reduces (1 or 2): 2 doubles the
-# loads in flight while a program waits for its row's siblings, for twice x's registers; it
-# measured 4-16 points slower everywhere (docs/perf-notes.md item 37).
-SPLIT_DEPTH = 1
 # Rows this long run the lagged split kernels (measured faster at N 65536-262144 in every dtype,
-# tools/long_row_probe.py at dbe314e, docs/perf-notes.md item 44; 32769-65535 not timed).
+# docs/perf-notes.md, item 44; 32769-65535 not timed).
 SPLIT_LAG_MIN_N = 32769
 # Few rows: the dispatch runs rowwise (with the decode rule) up to this N.
 DISPATCH_DECODE_MAX_N = 8192
@@ -71,15 +67,9 @@ SPLIT_X_CACHE, SPLIT_W_EVICT = ".cg", "evict_last"
 # 0.4-13 points in three probes; behind RMSNorm's one, at the same registers, it moved within the
 # probes' noise).
 SPLIT_NEXT_FIRST = {"rms_norm": False, "layer_norm": True}
-# By op: rows past the next one that the lagged kernels bring into L2 by a bulk prefetch
-# (LaunchConfig.l2_ahead; _kernels._prefetch_row_l2): HBM reads in flight that hold no
-# registers. Built after 29bbf56 and not measured yet (tools/long_row_probe.py's 'L2 ahead'
-# labels), so 0 (none) until a probe says otherwise; the split table may set it by row.
-SPLIT_L2_AHEAD = {"rms_norm": 0, "layer_norm": 0}
 # split: by N -> the launch setting: columns per program, warps, and the lagged kernels' load
 # choices (the weight held in registers, x's cache modifier, the weight's L1 eviction hint, the
-# next row first, rows prefetched into L2, the next row held; the defaults above where a row
-# leaves them out). Built below LaunchConfig.
+# next row first; the defaults above where a row leaves them out). Built below LaunchConfig.
 
 
 def _dispatch_ranges() -> dict:
@@ -110,22 +100,15 @@ class LaunchConfig:
     w_evict: str = ""
     # ... and the next row's load issued before this row's reductions, not after them.
     next_first: bool = False
-    # ... and rows this many steps past the next one brought into L2 by a bulk prefetch (0: none).
-    l2_ahead: int = 0
-    # ... and the next row held in registers while this one is reduced (off: each step loads its
-    # own row, which l2_ahead brought into L2; two rows in registers instead of three).
-    hold_next: bool = True
 
 
 SPLIT_TUNED = {key: LaunchConfig(block_n=block_n, rows=1, num_warps=warps, hold_w=hold_w, x_cache=x_cache,
                                  w_evict=w_evict,
-                                 next_first=SPLIT_NEXT_FIRST[key[0]] if next_first is None else next_first,
-                                 l2_ahead=SPLIT_L2_AHEAD[key[0]] if l2_ahead is None else l2_ahead,
-                                 hold_next=hold_next)
-               for key, (block_n, warps, hold_w, x_cache, w_evict, next_first, l2_ahead, hold_next) in tuned.table(
+                                 next_first=SPLIT_NEXT_FIRST[key[0]] if next_first is None else next_first)
+               for key, (block_n, warps, hold_w, x_cache, w_evict, next_first) in tuned.table(
                    TUNED_FILE, "split", ("op", "bytes", "n"), ("block_n", "warps"),
                    optional={"hold_w": False, "x_cache": SPLIT_X_CACHE, "w_evict": SPLIT_W_EVICT,
-                             "next_first": None, "l2_ahead": None, "hold_next": True}).items()}
+                             "next_first": None}).items()}
 
 
 def launch_config(n: int, dtype: torch.dtype, looped: bool, op: str = "rms_norm", m: int | None = None) -> LaunchConfig:
@@ -183,8 +166,7 @@ def split_config(n: int, dtype: torch.dtype, op: str) -> LaunchConfig:
     # At least 2 warps: Triton 3.6 failed to compile 1-2 warps at 32-64 programs a row, and 1
     # warp never measured fastest.
     return LaunchConfig(block_n=block_n, rows=1, num_warps=max(2, _warps(block_n // (32 * SPLIT_PER_THREAD))),
-                        x_cache=SPLIT_X_CACHE, w_evict=SPLIT_W_EVICT, next_first=SPLIT_NEXT_FIRST[op],
-                        l2_ahead=SPLIT_L2_AHEAD[op])
+                        x_cache=SPLIT_X_CACHE, w_evict=SPLIT_W_EVICT, next_first=SPLIT_NEXT_FIRST[op])
 
 
 def _warps(w: int) -> int:

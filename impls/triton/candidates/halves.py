@@ -1,20 +1,18 @@
-"""Triton kernels that tools/long_row_probe.py times and the backend does not register.
-
-``layer_norm_split_lag_halves``: the lagged LayerNorm split (``_kernels.layer_norm_split_lag``,
+"""``layer_norm_split_lag_halves``: the lagged LayerNorm split (``_split_kernels.layer_norm_split_lag``,
 the next row's load first) with a program's columns held as two halves, so that its store step,
 the register peak (the previous row in float32, the weight and bias, the next row in flight),
 holds half the weight and bias at a time: ptxas for sm_90 gave 96 registers against 128 at bf16
 2048 columns x 2 warps, 128 against 164 in float32 (docs/perf-notes.md, item 54's open
-question). Same statistics and order of summation as the registered kernel. Not measured yet;
-tools/long_row_probe.py runs it as triton.split's lagged kernel (TritonKernel.kernel_module).
+question; within 3 points of triton.split, item 55). Same statistics and order of summation as
+the registered kernel. tools/long_row_probe.py runs it as triton.split's lagged kernel
+(candidates.store_halves).
 """
-from __future__ import annotations
-
 import triton
 import triton.language as tl
 
-from impls.triton._kernels import (_load_row, _merge_parts, _split_finish, _split_publish, _split_slot, _split_wait,
-                                  _store_y)
+from impls.triton._row_kernels import _store_y
+from impls.triton._split_kernels import (_load_row, _merge_parts, _split_finish, _split_publish, _split_slot,
+                                         _split_wait, layer_norm_split)  # noqa: F401 (rows the lag leaves out)
 
 
 @triton.jit
@@ -34,14 +32,12 @@ def layer_norm_split_lag_halves(
     X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "",
-    W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = True, L2_AHEAD: tl.constexpr = 0,
-    HOLD_NEXT: tl.constexpr = True,
+    W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = True,
 ):
     # The lagged kernels' launch choices, as SplitRowsKernel.run passes them: the next row is
     # always loaded first here, and the weight and bias are never held.
     tl.static_assert(not HOLD_W, "layer_norm_split_lag_halves loads its weight and bias each row")
     tl.static_assert(NEXT_FIRST, "layer_norm_split_lag_halves loads the next row first")
-    tl.static_assert(L2_AHEAD == 0 and HOLD_NEXT, "layer_norm_split_lag_halves: no L2 prefetch, the next row held")
     H: tl.constexpr = BLOCK_N // 2
     group = tl.program_id(0) // SPLITS
     part = tl.program_id(0) % SPLITS
@@ -54,7 +50,7 @@ def layer_norm_split_lag_halves(
     n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
     xa_cur = _load_row(X, group, stride_x, ca, ma, M, X_CACHE)
     xb_cur = _load_row(X, group, stride_x, cb, mb, M, X_CACHE)
-    # Values of their own (see _kernels.layer_norm_split_lag: Triton 3.6 and x_prev).
+    # Values of their own (see _split_kernels.layer_norm_split_lag: Triton 3.6 and x_prev).
     xa_prev = tl.zeros([H], dtype=X.dtype.element_ty)
     xb_prev = tl.zeros([H], dtype=X.dtype.element_ty)
     it = 0

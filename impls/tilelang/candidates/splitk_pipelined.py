@@ -1,16 +1,9 @@
-"""Long-row candidates in TileLang, not registered: what ``tools/long_row_probe.py`` times on the
-GPU beside the registered kernels. Compiled for sm_90 without spills by
-``tests/test_long_row_candidates.py``; they cannot run without a GPU, so the probe's own float64
-check, repeat and batch-invariance checks are their first run.
-
-``splitk_pipelined``: tilelang.splitk's two reads of x in segments, over a persistent grid of G
+"""``splitk_pipelined``: tilelang.splitk's two reads of x in segments, over a persistent grid of G
 blocks, each carrying two rows: in one walk over the segments it scales and writes row r (its
 second read, from L2) and sums the squares of row r + G (its first read, from DRAM), so each
 block keeps the DRAM read and write streams going together and two rows in L2 whatever G. The
 per-row arithmetic and summation order are splitk's, so a row's bits never depend on M or G.
-
-``cluster_tma``: the cluster kernels (_long_programs) with each block's segment loaded by the
-tensor memory accelerator instead of its threads (_ClusterTMA).
+Not measured yet (docs/perf-notes.md, item 42).
 """
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
 import dataclasses
@@ -18,10 +11,8 @@ import dataclasses
 import torch
 
 from impls import fastpath
-from impls.base import UnsupportedCase
 from impls.tilelang import compiler
 from impls.tilelang._kernel import _dummy
-from impls.tilelang._long_plan import TMA, cluster_plan
 from impls.tilelang.plan import Plan, make_plan
 from impls.tilelang.rms_norm import TileLangRMSNormSplitK
 
@@ -87,12 +78,6 @@ def rms_norm_splitk_pipelined(plan: Plan):
     return main
 
 
-def _register_builder() -> None:
-    from impls.tilelang import _programs
-
-    _programs.BUILDERS.setdefault(VARIANT, rms_norm_splitk_pipelined)
-
-
 class TileLangRMSNormSplitKPipelined(TileLangRMSNormSplitK):
     """tilelang.splitk's plan and segments, the pipelined program over ``blocks_per_sm`` x SMs
     blocks (at most M). Not registered: tools/long_row_probe.py makes one."""
@@ -103,7 +88,6 @@ class TileLangRMSNormSplitKPipelined(TileLangRMSNormSplitK):
 
     def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int,
                  m: int | None = None) -> Plan:
-        _register_builder()
         return dataclasses.replace(make_plan("splitk", dtype, n, has_weight, has_bias, vec, m=m), variant=VARIANT)
 
     def fast_plan(self, x, x2, weight, bias, spec):
@@ -119,63 +103,3 @@ class TileLangRMSNormSplitKPipelined(TileLangRMSNormSplitK):
         w = weight if weight is not None else _dummy(x.device, x.dtype)
         with torch.cuda.device(x.device):
             compiled.kernel(self._flat(x), w, self._flat(out.y), out.rstd, sxv, syv, float(eps), grid)
-
-
-class _ClusterTMA:
-    """The cluster kernel with its segment loaded by the tensor memory accelerator (TMA) rather
-    than by the threads: x goes from L2 into shared memory past registers and L1, so the bytes in
-    flight an SM are bounded by shared memory, not registers, and L1 keeps the weight and bias
-    that every row reads again. x is passed as M x N rows (the tensor map's shape) with 16-byte
-    aligned rows. Not registered: tools/long_row_probe.py makes one."""
-
-    native_replay = "a probe candidate: called through its Python path only"
-    segment_bytes = None  # cluster_plan's rule
-    min_blocks = None  # the plan's launch bound (blocks an SM), else cluster_plan's
-
-    def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int,
-                 m: int | None = None) -> Plan:
-        if vec * dtype.itemsize != 16:
-            raise UnsupportedCase(f"{self.name} (TMA): rows must start 16-byte aligned (vector of {vec})")
-        # One row a block: the TMA form loads one row's segment
-        plan = cluster_plan(self.variant, dtype, n, has_weight, has_bias, vec, segment_bytes=self.segment_bytes, rows=1)
-        return dataclasses.replace(plan, variant=plan.variant + TMA, min_blocks=self.min_blocks or plan.min_blocks,
-                                   stats_in_load=False)  # its segment goes straight to shared memory
-
-    def fast_plan(self, x, x2, weight, bias, spec):
-        return fastpath.generic_plan(x, x2, self.outputs, self._forward)
-
-    def _flat_x(self, x: torch.Tensor) -> torch.Tensor:
-        return x  # M x N: the tensor map's shape and row stride
-
-
-def cluster_tma(op: str, segment_bytes: int | None = None, min_blocks: int | None = None):
-    """The TMA form of tilelang.cluster (RMSNorm) or tilelang.layer_norm_cluster."""
-    from impls.tilelang.long_rows import TileLangLayerNormCluster, TileLangRMSNormCluster
-
-    base = TileLangRMSNormCluster if op == "rms_norm" else TileLangLayerNormCluster
-    k = type(base.__name__ + "TMA", (_ClusterTMA, base), {})()
-    k.segment_bytes, k.min_blocks = segment_bytes, min_blocks
-    return k
-
-
-def splitk_pipelined(blocks_per_sm: int = 1) -> TileLangRMSNormSplitKPipelined:
-    k = TileLangRMSNormSplitKPipelined()
-    k.blocks_per_sm = blocks_per_sm
-    return k
-
-
-def compile_offline(dtype: str, n: int, has_weight: bool = True, kernel=None) -> dict:
-    """Compile a candidate (default: splitk_pipelined) for sm_90 and return its ptxas numbers
-    (registers, spills) and whether its source loads by TMA."""
-    from impls.tilelang.plan import choose_vec
-
-    dt = getattr(torch, dtype)
-    _register_builder()
-    kernel = kernel or splitk_pipelined()
-    plan = kernel.plan_for(dt, n, has_weight, has_weight and kernel.op == "layer_norm", choose_vec(dt, n))
-    compiled = compiler.compile_plan(plan, compiler.SM90)
-    return {"plan": plan.describe(), "tma": "tma_load(" in compiled.source(),
-            **compiler.ptxas_report(compiled).to_dict()}
-
-
-__all__ = ["splitk_pipelined", "cluster_tma", "compile_offline", "rms_norm_splitk_pipelined"]
