@@ -75,7 +75,7 @@ def test_one_row_kernel_runs_at_decode_and_where_it_measured_faster_only():
         cfg = launch_config(n, dtype, False, op, m=16384)
         assert cfg.one_row and cfg.rows == 1
         assert not launch_config(n, dtype, True, op, m=16384).one_row  # looped: never
-    # slower there (the 9f51201 benchmark): the [1, BLOCK_N] tile kernel
+    # slower there (docs/perf-notes.md, items 26 and 31): the [1, BLOCK_N] tile kernel
     assert not launch_config(16384, torch.bfloat16, False, "layer_norm", m=16384).one_row
     assert not launch_config(5120, torch.float16, False, "layer_norm", m=16384).one_row
     assert not launch_config(1000, torch.bfloat16, False, "layer_norm", m=16384).one_row  # 2 rows a program

@@ -55,6 +55,10 @@ def test_the_tables_hold_what_the_files_say():
     assert len(settings.LOOPED_TUNED) + len(settings.LOOPED_TUNED_FLOAT16) == len(rows["looped"])
     assert settings.DISPATCH[("rms_norm", 4)][-1] == (None, "split")  # up_to = 0: open-ended
     assert plan.TUNED[("fragment", 2, 8192)] == (64, None)  # min_blocks = 0: the rule's bound
+    # the backward's rows: (rows per program, rows per tile, warps, maxnreg, stages), 0 where a row leaves one out
+    assert len(settings.BWD_SETTINGS) == len(rows["backward"])
+    assert settings.BWD_SETTINGS[("rms_norm", 2, 2048)] == (64, 1, 8, 64, 0)
+    assert settings.BWD_SETTINGS[("layer_norm", 2, 1024)] == (128, 2, 4, 0, 3)
 
 
 def test_optional_fields_take_their_defaults_where_a_row_leaves_them_out(tmp_path):

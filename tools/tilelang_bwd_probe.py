@@ -27,9 +27,9 @@ from impls.tilelang.plan import choose_vec
 
 SHAPES = ((65536, 1024), (32768, 2048), (16384, 4096), (16384, 8192))
 VARIANT = {"rms_norm": "fragment", "layer_norm": "layer_norm_fwd"}
-# name -> backward_plan overrides; "v1-like" is the program in the 27152d6 plan's shape: 2 vectors
-# per thread, 32 rows per block, no prefetch, no launch bound (the old program itself was timed
-# against these at 2a25ea3: reports/h200/checks/60d1dbb-9c4da24/tilelang_bwd_probe-2a25ea3.txt@cb18d41).
+# name -> backward_plan overrides; "v1-like" is the first plan's shape: 2 vectors per thread, 32
+# rows per block, no prefetch, no launch bound (the first program itself was timed against these:
+# docs/perf-notes.md, item 36).
 CANDIDATES = {
     "rule": {},
     "v1-like": dict(vectors=2, block_m=32, prefetch=False, min_blocks=1),
@@ -79,6 +79,89 @@ def rel_err(got, ref):
     return ((got.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
+def compile_part(part: str, ops: list, shapes: list, unique: list) -> None:
+    """A worker's share ("i/k") of the compilation: the forward each shape runs first and the
+    plans, into TileLang's disk cache and the ptxas reports' cache for the timing process."""
+    from impls import registry
+
+    i, k = map(int, part.split("/"))
+    registry.load_builtins()
+    forward = [(op, m, n) for op in ops for m, n in shapes]
+    for item in (forward + unique)[i::k]:
+        try:
+            if len(item) == 3:
+                op, m, n = item
+                registry.get(op, "tilelang", VARIANT[op]).prepare(NormSpec(
+                    op=op, dtype=torch.bfloat16, rows=m, n=n, row_stride=n, device="cuda",
+                    has_weight=True, has_bias=op == "layer_norm"))
+            else:
+                compiler.ptxas_report(compiled_of(*item))
+        except compiler.TileLangCompileError as exc:
+            print(f"compile failed: {exc}", flush=True)
+
+
+def compile_all(args, unique: list) -> None:
+    """The compilation first, in ``--jobs`` worker processes (compile_part)."""
+    t0 = time.time()
+    base = [sys.executable, "-m", "tools.tilelang_bwd_probe", "--ops", args.ops, "--shapes", args.shapes]
+    jobs = max(1, min(args.jobs, len(unique)))
+    workers = [subprocess.Popen(base + ["--compile-part", f"{i}/{jobs}"]) for i in range(jobs)]
+    failed = sum(w.wait() != 0 for w in workers)
+    print(f"compiled {len(unique)} plans in {time.time() - t0:.0f} s on {jobs} processes"
+          + (f", {failed} workers failed" if failed else ""), flush=True)
+
+
+def probe_shape(op: str, m: int, n: int, plans: list, tools, ceiling: float, rounds: int) -> list[dict]:
+    """Every plan of one shape: run once into gradients poisoned with NaN, checked against the
+    float64 oracle, then timed; the results."""
+    from harness import timing
+    from impls import registry
+
+    kernel, eps, dt = registry.get(op, "tilelang", VARIANT[op]), 1e-6, torch.bfloat16
+    torch.manual_seed(0)
+    x = torch.randn(m, n, device="cuda", dtype=dt)
+    dy = torch.randn(m, n, device="cuda", dtype=dt)
+    w = torch.randn(n, device="cuda", dtype=dt)
+    b = torch.randn(n, device="cuda", dtype=dt) if op == "layer_norm" else None
+    saved = kernel(x, w, b, eps)
+    rdx, rdw, rdb = oracle(op, x, w, b, dy, eps)
+    out = NormGrads(dx=torch.empty_like(x), dw=torch.empty_like(w), db=None if b is None else torch.empty_like(b))
+    nbytes = timing.bytes_moved_backward(m, n, dt, True, b is not None, 2 if op == "layer_norm" else 1)
+    results = []
+    for o, mm, nn, name, plan in plans:
+        if (o, mm, nn) != (op, m, n):
+            continue
+        for t in out.fields().values():  # poisoned: a gradient left unwritten fails the check
+            t.fill_(float("nan"))
+        try:
+            fn = runner(name, plan, x, w, dy, saved, out)
+            fn()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 (a candidate that fails is reported, not fatal)
+            print(f"{op} {m}x{n} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
+        errs = dict(dx=rel_err(out.dx, rdx), dw=rel_err(out.dw, rdw))
+        if b is not None:
+            errs["db"] = rel_err(out.db, rdb)
+        ok = all(e < 2e-2 for e in errs.values())  # nan compares False: not ok
+        us = timing.gpu_time_ms(fn, tools, rounds=rounds, warmup=2) * 1e3
+        pct = 100 * nbytes / us / 1e3 / ceiling
+        r = dict(op=op, m=m, n=n, candidate=name, plan=plan.describe(), threads=plan.threads,
+                 min_blocks=plan.min_blocks, block_m=getattr(plan, "block_m", 32),
+                 prefetch=getattr(plan, "prefetch", False), us=us, pct=pct, errors=errs, correct=ok)
+        try:
+            rep = compiler.ptxas_report(compiled_of(name, plan))
+            r.update(registers=rep.registers, spill_stores=rep.spill_stores)
+        except Exception:  # noqa: BLE001 (ptxas report only informative)
+            pass
+        results.append(r)
+        print(f"{op:<10} {m:>6}x{n:<5} {name:<14} thr={plan.threads:<4} mb={plan.min_blocks!s:<4} "
+              f"regs={r.get('registers')!s:<4} {us:8.1f} us {pct:5.1f}% of copy  "
+              + " ".join(f"{k}={v:.1e}" for k, v in errs.items()) + ("" if ok else "  WRONG"), flush=True)
+    torch.cuda.empty_cache()
+    return results
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", default="rms_norm,layer_norm")
@@ -93,83 +176,17 @@ def main(argv=None) -> int:
     plans = all_plans(ops, shapes)
     unique = list(dict.fromkeys((name, pl) for *_, name, pl in plans))
     if args.compile_part:
-        from impls import registry
-
-        i, k = map(int, args.compile_part.split("/"))
-        registry.load_builtins()
-        forward = [(op, m, n) for op in ops for m, n in shapes]  # the forward each shape runs first
-        for item in (forward + unique)[i::k]:
-            try:
-                if len(item) == 3:
-                    op, m, n = item
-                    registry.get(op, "tilelang", VARIANT[op]).prepare(NormSpec(
-                        op=op, dtype=torch.bfloat16, rows=m, n=n, row_stride=n, device="cuda",
-                        has_weight=True, has_bias=op == "layer_norm"))
-                else:
-                    compiler.ptxas_report(compiled_of(*item))  # cached on disk for the timing process
-            except compiler.TileLangCompileError as exc:
-                print(f"compile failed: {exc}", flush=True)
+        compile_part(args.compile_part, ops, shapes, unique)
         return 0
-    t0 = time.time()
-    base = [sys.executable, "-m", "tools.tilelang_bwd_probe", "--ops", args.ops, "--shapes", args.shapes]
-    jobs = max(1, min(args.jobs, len(unique)))
-    workers = [subprocess.Popen(base + ["--compile-part", f"{i}/{jobs}"]) for i in range(jobs)]
-    failed = sum(w.wait() != 0 for w in workers)
-    print(f"compiled {len(unique)} plans in {time.time() - t0:.0f} s on {jobs} processes"
-          + (f", {failed} workers failed" if failed else ""), flush=True)
+    compile_all(args, unique)
 
-    from harness import timing
-    from impls import registry
     from tools import _session
 
     tools, ceiling = _session.start()
     results = []
-    eps = 1e-6
     for op in ops:
-        kernel = registry.get(op, "tilelang", VARIANT[op])
         for m, n in shapes:
-            torch.manual_seed(0)
-            dt = torch.bfloat16
-            x = torch.randn(m, n, device="cuda", dtype=dt)
-            dy = torch.randn(m, n, device="cuda", dtype=dt)
-            w = torch.randn(n, device="cuda", dtype=dt)
-            b = torch.randn(n, device="cuda", dtype=dt) if op == "layer_norm" else None
-            saved = kernel(x, w, b, eps)
-            rdx, rdw, rdb = oracle(op, x, w, b, dy, eps)
-            out = NormGrads(dx=torch.empty_like(x), dw=torch.empty_like(w), db=None if b is None else torch.empty_like(b))
-            nbytes = timing.bytes_moved_backward(m, n, dt, True, b is not None, 2 if op == "layer_norm" else 1)
-            for o, mm, nn, name, plan in plans:
-                if (o, mm, nn) != (op, m, n):
-                    continue
-                for t in out.fields().values():  # poisoned: a gradient left unwritten fails the check
-                    t.fill_(float("nan"))
-                try:
-                    fn = runner(name, plan, x, w, dy, saved, out)
-                    fn()
-                    torch.cuda.synchronize()
-                except Exception as exc:  # noqa: BLE001 (a candidate that fails is reported, not fatal)
-                    print(f"{op} {m}x{n} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                    continue
-                errs = dict(dx=rel_err(out.dx, rdx), dw=rel_err(out.dw, rdw))
-                if b is not None:
-                    errs["db"] = rel_err(out.db, rdb)
-                ok = all(e < 2e-2 for e in errs.values())  # nan compares False: not ok
-                us = timing.gpu_time_ms(fn, tools, rounds=args.rounds, warmup=2) * 1e3
-                pct = 100 * nbytes / us / 1e3 / ceiling
-                r = dict(op=op, m=m, n=n, candidate=name, plan=plan.describe(), threads=plan.threads,
-                         min_blocks=plan.min_blocks, block_m=getattr(plan, "block_m", 32),
-                         prefetch=getattr(plan, "prefetch", False),
-                         us=us, pct=pct, errors=errs, correct=ok)
-                try:
-                    rep = compiler.ptxas_report(compiled_of(name, plan))
-                    r.update(registers=rep.registers, spill_stores=rep.spill_stores)
-                except Exception:  # noqa: BLE001 (ptxas report only informative)
-                    pass
-                results.append(r)
-                print(f"{op:<10} {m:>6}x{n:<5} {name:<14} thr={plan.threads:<4} mb={plan.min_blocks!s:<4} "
-                      f"regs={r.get('registers')!s:<4} {us:8.1f} us {pct:5.1f}% of copy  "
-                      + " ".join(f"{k}={v:.1e}" for k, v in errs.items()) + ("" if ok else "  WRONG"), flush=True)
-            torch.cuda.empty_cache()
+            results += probe_shape(op, m, n, plans, tools, ceiling, args.rounds)
             if args.json:  # after each shape: a run cut short still leaves its results
                 _session.write_json(args.json, ceiling, results, tilelang=compiler.version())
     if args.json:

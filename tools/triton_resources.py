@@ -122,10 +122,10 @@ def _usage(compiled) -> tuple[int, int]:
 
 def backward_resources(op: str, dtype: torch.dtype, n: int, m: int = 16384) -> list[Resources]:
     """Compile every kernel the Triton backward launches for M x N rows (full affine) and read
-    each one's resource usage (TritonBackward.backward_launches; setting: backward_config)."""
+    each one's resource usage (TritonBackward.backward_launches; setting: settings.backward_config)."""
     import impls.triton  # noqa: F401
     from impls import registry
-    from impls.triton.backward import backward_config
+    from impls.triton.settings import backward_config
 
     kernel = registry.get(op, "triton", "invariant")
     rows = m if m <= 256 else 256

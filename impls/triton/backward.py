@@ -7,106 +7,26 @@ Launch settings depend on op, N and dtype only, never on M:
 - dx is computed per row with the same tile and reduction order at every M: a row's dx bits do
   not depend on the rest of the batch (batch invariant).
 - dw and db: accumulated in float32 in the same pass as dx (x and dy read once), one partial per
-  program of block_m rows (from N and dtype: BWD_SETTINGS or the rule), then a fixed-order
-  reduction of the partials over narrow column blocks. Deterministic (no atomics). dw over M rows
+  program of block_m rows, then a fixed-order reduction of the partials over narrow column
+  blocks. Deterministic (no atomics). dw over M rows
   depends on M, as a sum does; the grouping of rows into partials is fixed, so the bits of dw for
   a given set of rows never move with the launch. The price: at small M there are few programs
   (M / block_m), too few to fill the GPU; a grid sized to the SMs would fill it but move dw's
   bits with M, so it is not used.
+
+The launch settings (settings.backward_config): tuned_h200.toml's backward rows where a probe
+measured the shape, else the rule in settings.py.
 """
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 from impls.base import NormGrads, NormOutputs
 from impls.gpu_limits import cdiv, next_pow2
-
-# Launch settings: (op, bytes per element, tile width) -> (rows per program, rows per tile, warps[,
-# a cap on registers per thread for ptxas (0: none)[, stages: 0 the next tile loaded into registers,
-# >= 2 Triton's software pipeline of that many stages, tiles ahead copied into shared memory]]).
-# Rows per program is the rows of one dw/db partial:
-# from op, N and dtype only, so the grouping of rows into partials (and the reduction tree) never
-# moves with M. The 16-bit entries are the fastest of tools/bwd_probe.py's candidates on the H200
-# (bf16, 2026-12-02, docs/perf-notes.md item 35); absent shapes take the rule in backward_config.
-BWD_SETTINGS = {  # tools/bwd_probe.py on the H200 (reports/h200/README.md)
-    # 2026-12-03 (docs/perf-notes.md item 50): 3 stages (two tiles ahead in shared memory) led the
-    # register form at every N of LayerNorm and at RMSNorm 1024 and 8192; at RMSNorm 2048 and 4096
-    # the register form with a cap stayed ahead (92.2 / 90.7% against 90.9 / 90.5%).
-    ("rms_norm", 2, 1024): (64, 2, 4, 0, 3),  # 89.5% against (32, 1, 2)'s 85.7%
-    ("rms_norm", 2, 2048): (64, 1, 8, 64),
-    ("rms_norm", 2, 4096): (64, 1, 16, 64),
-    ("rms_norm", 2, 8192): (128, 1, 16, 0, 3),  # 93.7% against 91.7%
-    # two probes at 1465701: 87.1 / 87.3% against (64, 1, 4, 0, 3)'s 85.9 / 86.7% (that one: 83.6 and
-    # 85.6% in two benchmark runs); 512 programs of 2-row tiles, one wave at 5 blocks an SM. The
-    # benchmark at 10dcbf0: 88.0 and 87.4%
-    ("layer_norm", 2, 1024): (128, 2, 4, 0, 3),
-    ("layer_norm", 2, 2048): (64, 1, 4, 0, 3),  # 89.4% against 84.7%
-    ("layer_norm", 2, 4096): (64, 1, 8, 0, 3),  # 88.3% against 86.7%
-    ("layer_norm", 2, 8192): (128, 1, 16, 0, 3),  # 90.3% against 89.2%
-}
-# The rule: at least BWD_BLOCK_M rows per program; tiles of about BWD_TILE_ELEMS values, at most
-# PER_THREAD float32 values per thread and at most MAX_WARPS warps.
-BWD_BLOCK_M = 64
-BWD_TILE_ELEMS = 4096
-PER_THREAD = 8
-MAX_WARPS = 16
-# Rows of up to this many columns (padded to a power of two) are one tile: c1, c2 in the row kernel.
-BWD_ONE_TILE_MAX = 8192
-# Longer rows: column blocks of this width, after a pass that writes c1, c2 per row; rows per
-# program for them.
-BWD_COL_BLOCK = 1024
-BWD_LONG_BLOCK_M = 32
-# The final reduction: narrow column blocks (REDUCE_PROGRAMS of them where N allows, between
-# REDUCE_MIN_N and REDUCE_MAX_N columns), REDUCE_TILE partial values per step.
-REDUCE_PROGRAMS, REDUCE_MIN_N, REDUCE_MAX_N, REDUCE_TILE, REDUCE_WARPS = 128, 16, 256, 8192, 8
-
-
-@dataclass(frozen=True)
-class BackwardConfig:
-    block_n: int  # columns per tile
-    rows: int  # rows per tile (a divisor of block_m)
-    num_warps: int
-    one_tile: bool  # block_n covers N
-    block_m: int = BWD_BLOCK_M  # rows per program: one dw/db partial
-    reduce_n: int = 64  # the reduction's columns per program
-    reduce_parts: int = 64  # the reduction's partial rows per step
-    maxnreg: int | None = None  # a cap on the row kernel's registers per thread (compiled only)
-    stages: int = 0  # tiles ahead: 0 one, in registers; >= 2 stages - 1, by Triton's pipeliner (bwd_rows)
-
-
-def _warps(elems: int) -> int:
-    return min(MAX_WARPS, max(1, next_pow2(max(1, elems // (32 * PER_THREAD)))))
-
-
-def backward_config(n: int, dtype: torch.dtype, op: str = "rms_norm", one_tile_max: int = BWD_ONE_TILE_MAX,
-                    col_block: int = BWD_COL_BLOCK, setting: tuple | None = None) -> BackwardConfig:
-    """The backward's launch setting for rows of N in dtype: ``setting`` (rows per program, rows
-    per tile, warps[, maxnreg]) if given, else BWD_SETTINGS, else the rule."""
-    block_n = next_pow2(n)
-    one_tile = block_n <= one_tile_max
-    if not one_tile:
-        block_n = col_block
-    reduce_n = min(REDUCE_MAX_N, max(REDUCE_MIN_N, next_pow2(n) // REDUCE_PROGRAMS))
-    reduce = dict(reduce_n=reduce_n, reduce_parts=max(1, REDUCE_TILE // reduce_n))
-    setting = setting or (BWD_SETTINGS.get((op, dtype.itemsize, block_n)) if one_tile else None)
-    if setting:
-        block_m, rows, warps, *rest = setting
-        if len(rest) > 2:
-            raise ValueError(f"a backward setting has 3 to 5 fields, not {len(setting)}: {setting}")
-        cap, stages = (list(rest) + [0, 0])[:2]
-        if block_m % rows:
-            raise ValueError(f"rows per tile ({rows}) must divide rows per program ({block_m})")
-        if stages == 1 or stages < 0:
-            raise ValueError(f"stages must be 0 (the next tile in registers) or at least 2, not {stages}")
-        return BackwardConfig(block_n, rows, warps, one_tile, block_m, **reduce, maxnreg=cap or None,
-                              stages=stages)
-    rows = max(1, BWD_TILE_ELEMS // block_n)
-    block_m = max(BWD_BLOCK_M if one_tile else BWD_LONG_BLOCK_M, rows)
-    return BackwardConfig(block_n, rows, _warps(rows * block_n), one_tile, block_m, **reduce)
+from impls.triton.settings import REDUCE_WARPS, BackwardConfig, backward_config
 
 
 @lru_cache(maxsize=1)

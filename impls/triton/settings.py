@@ -1,6 +1,7 @@
 """Launch settings of the Triton kernels, from (op, N, dtype, M): the tuned tables of
-tuned_h200.toml where a sweep measured the shape, else the rules below; and the variant the
-dispatch functions run. Plain Python: no triton import. Public, for the sweep tools and tests.
+tuned_h200.toml where a sweep measured the shape, else the rules below; the variant the dispatch
+functions run; and the backward's settings (backward_config, from op, N and dtype). Plain Python:
+no triton import. Public, for the sweep tools and tests.
 
 Why each rule and table row is what it is: docs/perf-notes.md (tools/triton_sweep.py measures).
 """
@@ -197,3 +198,68 @@ def choose_variant(op: str, n: int, dtype: torch.dtype, m: int | None = None, sp
     if variant == "split" and (n > SPLIT_MAX * SPLIT_MAX_BLOCK or not split_runs):
         return "looped"
     return variant  # DISPATCH's rowwise ranges end within ROWWISE_MAX_N (tests hold it to that)
+
+
+# -- The backward (backward.py) -----------------------------------------------------------------
+# From op, N and dtype only, never M: the rows of a dw/db partial (and so the reduction tree)
+# never move with M. The rule: at least BWD_BLOCK_M rows per program; tiles of about
+# BWD_TILE_ELEMS values, at most BWD_PER_THREAD float32 values per thread and at most
+# BWD_MAX_WARPS warps.
+BWD_BLOCK_M = 64
+BWD_TILE_ELEMS = 4096
+BWD_PER_THREAD = 8
+BWD_MAX_WARPS = 16
+# Rows of up to this many columns (padded to a power of two) are one tile: c1, c2 in the row kernel.
+BWD_ONE_TILE_MAX = 8192
+# Longer rows: column blocks of this width, after a pass that writes c1, c2 per row; rows per
+# program for them.
+BWD_COL_BLOCK = 1024
+BWD_LONG_BLOCK_M = 32
+# The final reduction: narrow column blocks (REDUCE_PROGRAMS of them where N allows, between
+# REDUCE_MIN_N and REDUCE_MAX_N columns), REDUCE_TILE partial values per step.
+REDUCE_PROGRAMS, REDUCE_MIN_N, REDUCE_MAX_N, REDUCE_TILE, REDUCE_WARPS = 128, 16, 256, 8192, 8
+# The tuned table (tuned_h200.toml's backward rows): (op, bytes per element, tile width) ->
+# (rows per program, rows per tile, warps, maxnreg (0: none), stages (0: the next tile in registers)).
+BWD_SETTINGS = tuned.table(TUNED_FILE, "backward", ("op", "bytes", "block_n"), ("block_m", "rows", "warps"),
+                           optional={"maxnreg": 0, "stages": 0})
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    block_n: int  # columns per tile
+    rows: int  # rows per tile (a divisor of block_m)
+    num_warps: int
+    one_tile: bool  # block_n covers N
+    block_m: int = BWD_BLOCK_M  # rows per program: one dw/db partial
+    reduce_n: int = 64  # the reduction's columns per program
+    reduce_parts: int = 64  # the reduction's partial rows per step
+    maxnreg: int | None = None  # a cap on the row kernel's registers per thread (compiled only)
+    stages: int = 0  # tiles ahead: 0 one, in registers; >= 2 stages - 1, by Triton's pipeliner (bwd_rows)
+
+
+def backward_config(n: int, dtype: torch.dtype, op: str = "rms_norm", one_tile_max: int = BWD_ONE_TILE_MAX,
+                    col_block: int = BWD_COL_BLOCK, setting: tuple | None = None) -> BackwardConfig:
+    """The backward's launch setting for rows of N in dtype: ``setting`` (rows per program, rows
+    per tile, warps[, maxnreg[, stages]]) if given, else BWD_SETTINGS, else the rule."""
+    block_n = next_pow2(n)
+    one_tile = block_n <= one_tile_max
+    if not one_tile:
+        block_n = col_block
+    reduce_n = min(REDUCE_MAX_N, max(REDUCE_MIN_N, next_pow2(n) // REDUCE_PROGRAMS))
+    reduce = dict(reduce_n=reduce_n, reduce_parts=max(1, REDUCE_TILE // reduce_n))
+    setting = setting or (BWD_SETTINGS.get((op, dtype.itemsize, block_n)) if one_tile else None)
+    if setting:
+        block_m, rows, warps, *rest = setting
+        if len(rest) > 2:
+            raise ValueError(f"a backward setting has 3 to 5 fields, not {len(setting)}: {setting}")
+        cap, stages = (list(rest) + [0, 0])[:2]
+        if block_m % rows:
+            raise ValueError(f"rows per tile ({rows}) must divide rows per program ({block_m})")
+        if stages == 1 or stages < 0:
+            raise ValueError(f"stages must be 0 (the next tile in registers) or at least 2, not {stages}")
+        return BackwardConfig(block_n, rows, warps, one_tile, block_m, **reduce, maxnreg=cap or None,
+                              stages=stages)
+    rows = max(1, BWD_TILE_ELEMS // block_n)
+    block_m = max(BWD_BLOCK_M if one_tile else BWD_LONG_BLOCK_M, rows)
+    warps = min(BWD_MAX_WARPS, max(1, next_pow2(max(1, rows * block_n // (32 * BWD_PER_THREAD)))))
+    return BackwardConfig(block_n, rows, warps, one_tile, block_m, **reduce)
