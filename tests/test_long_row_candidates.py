@@ -12,6 +12,95 @@ from impls.tilelang._long_plan import ONE_BARRIER_SUM
 pytestmark = pytest.mark.skipif(tri.availability() is not None, reason=f"triton cannot run: {tri.availability()}")
 
 
+def _compiled_offline(script: str) -> str:
+    """What ``script`` prints, run in a process of its own without the interpreter (a pytest process
+    may hold the interpreter's kernels, which cannot be compiled)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env={**env, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+# test_lagged_split_carries_the_previous_row's compilations: the loop's carried values, the load
+# forms, the order of the next row's load, the store-halves candidate's registers.
+_LAGGED_SCRIPT = r'''
+import itertools, triton, torch
+from impls.triton import _kernels as k
+from tools.triton_resources import compile_sm90
+n = 65536
+for (op, fn), hold in itertools.product((("rms_norm", k.rms_norm_split_lag), ("layer_norm", k.layer_norm_split_lag)),
+                                       (False, True)):
+    x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
+    s = torch.empty(2, dtype=torch.float32)
+    words = torch.empty(64, dtype=torch.int64); done = torch.empty(8, dtype=torch.int32)
+    tensors = (x, w, x, s) if op == "rms_norm" else (x, w, w, x, s, s)
+    meta = dict(HAS_WEIGHT=True, BLOCK_N=4096, ROUND_BF16=False, num_warps=4, SPLITS=16, SPLITS_P2=16, HOLD_W=hold)
+    if op == "layer_norm":
+        meta["HAS_BIAS"] = True
+    ir = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), meta).asm["ttir"]
+    print(op, next(line for line in ir.splitlines() if "scf.while" in line and "bf16" in line))
+# The settings' load choices at 2048 columns x 4 warps, 128 programs a row (Triton 3.6 once
+# failed to compile RMSNorm there): the PTX's global load forms.
+import re
+from impls.triton.settings import SPLIT_W_EVICT, SPLIT_X_CACHE
+n = 262144
+x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
+s = torch.empty(2, dtype=torch.float32); words = torch.empty(64, dtype=torch.int64); done = torch.empty(8, dtype=torch.int32)
+meta = dict(HAS_WEIGHT=True, BLOCK_N=2048, ROUND_BF16=False, num_warps=4, SPLITS=128, SPLITS_P2=128,
+            X_CACHE=SPLIT_X_CACHE, W_EVICT=SPLIT_W_EVICT)
+ptx = compile_sm90(k.rms_norm_split_lag, (x, w, x, s, words, done, 2048, n, n, n, 1e-5, 132), meta).asm["ptx"]
+print("loads", " ".join(sorted(set(re.findall(r"ld\.global[\w.:]*", ptx)))))
+# NEXT_FIRST (settings.SPLIT_NEXT_FIRST): the loop's load of the next row before the first
+# barrier of this row's reductions, else after them. Printed: x loads before the first barrier, of all.
+n = 65536
+x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
+for nf in (False, True):
+    meta = dict(HAS_WEIGHT=True, HAS_BIAS=True, BLOCK_N=2048, ROUND_BF16=False, num_warps=2, SPLITS=32, SPLITS_P2=32,
+                X_CACHE=".cg", NEXT_FIRST=nf)
+    compiled = compile_sm90(k.layer_norm_split_lag, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132), meta)
+    order = re.findall(r"ld\.global\.cg|bar\.sync", compiled.asm["ptx"])
+    print("order", nf, order.index("bar.sync"), order.count("ld.global.cg"))
+# The store-halves candidate (impls.triton.candidates.halves) at the same setting: registers and
+# spills, against the registered kernel's (the last compiled above).
+from impls.triton.candidates import halves as candidate
+from tools.triton_resources import _usage
+halves = compile_sm90(candidate.layer_norm_split_lag_halves, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132),
+                      meta)
+print("registers", *_usage(compiled), *_usage(halves))
+'''
+# test_l2_prefetch_candidates_compile_for_sm90's: the prefetch sites and registers of l2_kernels'
+# lagged kernels, and of the registered ones.
+_L2_SCRIPT = r'''
+import triton, torch
+from impls.triton import _kernels as registered
+from impls.triton.candidates import l2_kernels as k
+from tools.triton_resources import compile_sm90, _usage
+n, bn = 131072, 4096
+x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
+s = torch.empty(2, dtype=torch.float32); words = torch.empty(64, dtype=torch.int64); done = torch.empty(8, dtype=torch.int32)
+base = dict(HAS_WEIGHT=True, BLOCK_N=bn, ROUND_BF16=False, num_warps=4, SPLITS=n // bn, SPLITS_P2=n // bn,
+            X_CACHE=".cg", W_EVICT="evict_last", NEXT_FIRST=True)
+for name, fn, hold in (("rms", k.rms_norm_split_lag, True), ("ln", k.layer_norm_split_lag, True),
+                       ("rms_l2", k.rms_norm_split_lag, False), ("ln_l2", k.layer_norm_split_lag, False)):
+    tensors = (x, w, x, s) if name.startswith("rms") else (x, w, w, x, s, s)
+    meta = dict(base) if name.startswith("rms") else dict(base, HAS_BIAS=True)
+    for ahead in (0, 1, 2):
+        c = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), dict(meta, L2_AHEAD=ahead, HOLD_NEXT=hold))
+        print(name, ahead, c.asm["ptx"].count("cp.async.bulk.prefetch.L2.global"), *_usage(c))
+    fn = getattr(registered, fn.__name__)  # the registered kernel: no prefetch, no HOLD_NEXT or L2_AHEAD
+    if hold:
+        c = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), meta)
+        print(name + "_registered", 0, c.asm["ptx"].count("cp.async.bulk.prefetch.L2.global"), *_usage(c))
+'''
+
+
 def test_tilelang_candidates_compile_for_sm90_without_spills():
     """The TileLang splitk_pipelined candidate built for sm_90 with nvcc at the probe's N, a padded
     N and float32: an sm_90 binary, registers within 255, no spills. It cannot run here; the
@@ -100,66 +189,13 @@ def test_lagged_split_carries_the_previous_row():
     candidate (impls/triton/candidates/halves.py) compiles to fewer registers than the kernel it
     varies."""
     import re
-    import subprocess
-    import sys
-    import os
-    from pathlib import Path
 
     import torch
 
     from impls.triton import settings
 
-    script = r'''
-import itertools, triton, torch
-from impls.triton import _kernels as k
-from tools.triton_resources import compile_sm90
-n = 65536
-for (op, fn), hold in itertools.product((("rms_norm", k.rms_norm_split_lag), ("layer_norm", k.layer_norm_split_lag)),
-                                       (False, True)):
-    x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
-    s = torch.empty(2, dtype=torch.float32)
-    words = torch.empty(64, dtype=torch.int64); done = torch.empty(8, dtype=torch.int32)
-    tensors = (x, w, x, s) if op == "rms_norm" else (x, w, w, x, s, s)
-    meta = dict(HAS_WEIGHT=True, BLOCK_N=4096, ROUND_BF16=False, num_warps=4, SPLITS=16, SPLITS_P2=16, HOLD_W=hold)
-    if op == "layer_norm":
-        meta["HAS_BIAS"] = True
-    ir = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), meta).asm["ttir"]
-    print(op, next(line for line in ir.splitlines() if "scf.while" in line and "bf16" in line))
-# The settings' load choices at 2048 columns x 4 warps, 128 programs a row (Triton 3.6 once
-# failed to compile RMSNorm there): the PTX's global load forms.
-import re
-from impls.triton.settings import SPLIT_W_EVICT, SPLIT_X_CACHE
-n = 262144
-x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
-s = torch.empty(2, dtype=torch.float32); words = torch.empty(64, dtype=torch.int64); done = torch.empty(8, dtype=torch.int32)
-meta = dict(HAS_WEIGHT=True, BLOCK_N=2048, ROUND_BF16=False, num_warps=4, SPLITS=128, SPLITS_P2=128,
-            X_CACHE=SPLIT_X_CACHE, W_EVICT=SPLIT_W_EVICT)
-ptx = compile_sm90(k.rms_norm_split_lag, (x, w, x, s, words, done, 2048, n, n, n, 1e-5, 132), meta).asm["ptx"]
-print("loads", " ".join(sorted(set(re.findall(r"ld\.global[\w.:]*", ptx)))))
-# NEXT_FIRST (settings.SPLIT_NEXT_FIRST): the loop's load of the next row before the first
-# barrier of this row's reductions, else after them. Printed: x loads before the first barrier, of all.
-n = 65536
-x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
-for nf in (False, True):
-    meta = dict(HAS_WEIGHT=True, HAS_BIAS=True, BLOCK_N=2048, ROUND_BF16=False, num_warps=2, SPLITS=32, SPLITS_P2=32,
-                X_CACHE=".cg", NEXT_FIRST=nf)
-    compiled = compile_sm90(k.layer_norm_split_lag, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132), meta)
-    order = re.findall(r"ld\.global\.cg|bar\.sync", compiled.asm["ptx"])
-    print("order", nf, order.index("bar.sync"), order.count("ld.global.cg"))
-# The store-halves candidate (impls.triton.candidates.halves) at the same setting: registers and
-# spills, against the registered kernel's (the last compiled above).
-from impls.triton.candidates import halves as candidate
-from tools.triton_resources import _usage
-halves = compile_sm90(candidate.layer_norm_split_lag_halves, (x, w, w, x, s, s, words, done, 2048, n, n, n, 1e-5, 132),
-                      meta)
-print("registers", *_usage(compiled), *_usage(halves))
-'''
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env={**env, "PYTHONPATH": str(root)},
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    *lines, loads, after, first, registers = proc.stdout.strip().splitlines()
+    stdout = _compiled_offline(_LAGGED_SCRIPT)
+    *lines, loads, after, first, registers = stdout.strip().splitlines()
     lag_regs, lag_spills, halves_regs, halves_spills = map(int, registers.split()[1:])
     assert halves_regs < lag_regs and lag_spills == halves_spills == 0, registers  # what the candidate is for
     # the next row's load: after this row's reductions, or (NEXT_FIRST) with the pre-loop load before them
@@ -276,40 +312,10 @@ def test_l2_prefetch_candidates_compile_for_sm90():
     LayerNorm takes fewer registers (RMSNorm no more), without spills; the registered lagged
     kernels issue none. The TileLang cluster candidates call the prefetch before their first load
     of x, within 2 registers of the registered plan, without spills."""
-    import os
     import re
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    script = r'''
-import triton, torch
-from impls.triton import _kernels as registered
-from impls.triton.candidates import l2_kernels as k
-from tools.triton_resources import compile_sm90, _usage
-n, bn = 131072, 4096
-x = torch.empty(2, n, dtype=torch.bfloat16); w = torch.empty(n, dtype=torch.bfloat16)
-s = torch.empty(2, dtype=torch.float32); words = torch.empty(64, dtype=torch.int64); done = torch.empty(8, dtype=torch.int32)
-base = dict(HAS_WEIGHT=True, BLOCK_N=bn, ROUND_BF16=False, num_warps=4, SPLITS=n // bn, SPLITS_P2=n // bn,
-            X_CACHE=".cg", W_EVICT="evict_last", NEXT_FIRST=True)
-for name, fn, hold in (("rms", k.rms_norm_split_lag, True), ("ln", k.layer_norm_split_lag, True),
-                       ("rms_l2", k.rms_norm_split_lag, False), ("ln_l2", k.layer_norm_split_lag, False)):
-    tensors = (x, w, x, s) if name.startswith("rms") else (x, w, w, x, s, s)
-    meta = dict(base) if name.startswith("rms") else dict(base, HAS_BIAS=True)
-    for ahead in (0, 1, 2):
-        c = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), dict(meta, L2_AHEAD=ahead, HOLD_NEXT=hold))
-        print(name, ahead, c.asm["ptx"].count("cp.async.bulk.prefetch.L2.global"), *_usage(c))
-    fn = getattr(registered, fn.__name__)  # the registered kernel: no prefetch, no HOLD_NEXT or L2_AHEAD
-    if hold:
-        c = compile_sm90(fn, (*tensors, words, done, 2048, n, n, n, 1e-5, 132), meta)
-        print(name + "_registered", 0, c.asm["ptx"].count("cp.async.bulk.prefetch.L2.global"), *_usage(c))
-'''
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env={**env, "PYTHONPATH": str(root)},
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = {(name, int(a)): tuple(map(int, rest)) for name, a, *rest in (line.split() for line in proc.stdout.splitlines())}
+    stdout = _compiled_offline(_L2_SCRIPT)
+    got = {(name, int(a)): tuple(map(int, rest)) for name, a, *rest in (line.split() for line in stdout.splitlines())}
     # The register counts are Triton 3.6's (the H200's); another Triton allocates differently (3.9:
     # RMSNorm 72 registers at L2_AHEAD 0, 84 at 2), so there only the sites and no spills are checked.
     regs_checked = __import__("triton").__version__.startswith("3.6.")
