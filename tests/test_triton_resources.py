@@ -64,3 +64,44 @@ def test_the_backward_kernels_compile_for_sm90_without_spills(tmp_path, op):
     assert {r["kernel"] for r in rows} == {"bwd_rows", "bwd_row_stats", "bwd_reduce"}
     for r in rows:
         assert r["stack"] == 0 and 0 < r["registers"] <= 255, r
+
+
+def test_codegen_hash_hashes_a_build_and_compares_two_runs(tmp_path):
+    """tools/codegen_hash.py (a refactor's proof that the generated code did not change): one
+    Triton build's PTX hash, the same in a second run, and --compare fails where a hash differs."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}.json"
+        subprocess.run([sys.executable, "-m", "tools.codegen_hash", "--backend", "triton", "--only",
+                        "^rms_norm triton.rowwise bfloat16-4096-full-256$", "--json", str(out)],
+                       check=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        runs.append(out)
+    rows = json.loads(runs[0].read_text())["kernels"]
+    assert [(r["kernel"], r["build"]) for r in rows] == [("rms_norm triton.rowwise", "bfloat16-4096-full-256")]
+    assert len(rows[0]["sha256"]) == 64 and rows[0] == json.loads(runs[1].read_text())["kernels"][0]
+
+    def compare():
+        return subprocess.run([sys.executable, "-m", "tools.codegen_hash", "--compare", *map(str, runs)], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)
+    assert compare().returncode == 0
+    changed = json.loads(runs[1].read_text())
+    changed["kernels"][0]["sha256"] = "0" * 64
+    runs[1].write_text(json.dumps(changed))
+    r = compare()
+    assert r.returncode == 1 and "1 differ" in r.stdout, r.stdout
+
+
+def test_codegen_hash_leaves_out_only_what_names_the_source():
+    """The PTX hashed: without file and line records, debug labels and sections, and comments
+    (moving a function changes them, not an instruction); every instruction kept."""
+    from tools.codegen_hash import ptx_code
+
+    def ptx(path, line):
+        return (f'\t.file\t1 "{path}"\n\t.loc\t1 {line} 0  // {path}:{line}\n$L__tmp0:\n'
+                "\tadd.s32 \t%r1, %r2, %r3;  // %bb.0\n\tst.global.b32 [%rd1], %r1;\n"
+                f"\t.section\t.debug_info\n.b32 {line}\n")
+
+    assert ptx_code(ptx("/a/_kernels.py", 12)) == ptx_code(ptx("/b/_split_kernels.py", 40))
+    assert ptx_code(ptx("/a/k.py", 1)).split("\n") == ["\tadd.s32 \t%r1, %r2, %r3;", "\tst.global.b32 [%rd1], %r1;"]
+    assert ptx_code(ptx("/a/k.py", 1)) != ptx_code(ptx("/a/k.py", 1).replace("add.s32", "sub.s32"))
