@@ -11,16 +11,18 @@ One line a (kernel, build): the kernel, the build, the sha256 of what was genera
   ``build_offline`` (the ptxas report it also makes is skipped: it is read from the code hashed).
 - Triton: the PTX of every launch a call on TRITON_BUILDS' shapes makes (``TritonKernel.launches``,
   the backward's ``backward_launches``; a dispatch kernel's: its ``target`` variant's, with the
-  setting it gives), compiled for sm_90 as tools.triton_resources compiles;
-  its line records, debug sections and comments are left out (they name source files and lines,
-  which moving a function changes without changing an instruction). The split variant's launcher
-  asks the GPU for its SM count and how many programs an SM holds: offline, H200_PROPS stands in.
+  setting it gives, which without a GPU is looped where a GPU would run split), compiled for
+  sm_90 as tools.triton_resources compiles. Its line records, debug sections and comments are
+  left out (they name source files and lines, which moving a function changes without changing
+  an instruction). The split variant's launcher asks the GPU for its SM count and how many
+  programs an SM holds: offline, H200_PROPS stands in.
 - ``--candidates``: the long-row probe's candidates (tools.long_row_probe.candidates) at
   CANDIDATE_NS in bfloat16, in a section of their own.
 
 It hashes the impls it imports: run it with the checkout to hash first on PYTHONPATH (from that
-checkout's root). TileLang's disk cache serves programs compiled before; its key is the whole
-program, so a changed program compiles again.
+checkout's root). TileLang's and Triton's disk caches serve what they compiled before; their keys
+hold the whole program (TileLang) or the kernels' source (Triton), so a changed kernel compiles
+again (TILELANG_CACHE_DIR and TRITON_CACHE_DIR pointed at empty folders compile everything).
 """
 from __future__ import annotations
 
