@@ -30,11 +30,11 @@ def cluster(op: str, **choices):
     """tilelang.cluster (RMSNorm) or tilelang.layer_norm_cluster with the plan candidate_plan
     makes of ``choices`` (threads, segment_bytes, max_cluster, rows, min_blocks, seq_rows,
     l2_ahead, wb_ahead, and Plan fields of the exchange and sums); the registered plan without."""
-    from impls import registry
+    from impls import callpath, registry
 
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
-    k.__dict__.pop("_plans", None)  # the copy's own fast-path plans
+    callpath.forget(k)  # the copy's own call-path caches, not the registered kernel's
     if choices:
         k.plan_for = lambda dtype, n, hw, hb, vec, m=None: candidate_plan(variant, dtype, n, hw, hb, vec, **choices)
     return k
