@@ -24,6 +24,7 @@ ISO_DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 # The call path's owner (impls.callpath), the contract's call that reads it, and the entry points
 # that skip a frame (impls.triton) are the only code that reaches a kernel's call-path caches.
 CALL_PATH_READERS = {"impls/base.py", "impls/callpath.py", "impls/triton/__init__.py"}
+CONTRACT_MODULES = ("impls.base", "impls.inputs")
 LAYER_MODULES = ("impls.base", "impls.callpath", "impls.fastpath", "impls.native", "impls.registry")
 
 
@@ -139,9 +140,12 @@ def _module_path(name: str) -> Path:
 
 
 def test_the_contract_imports_no_layer_above_it():
-    """impls.base defines the contract and the validated call; the call path sits above it."""
-    above = {n for n in _imports(_module_path("impls.base")) if n.startswith("impls")}
-    assert not above, f"impls/base.py imports {sorted(above)}"
+    """impls.base defines the contract and the validated call (with impls.inputs, the call's types
+    and validation); the call path and the backends sit above it."""
+    for contract in CONTRACT_MODULES:
+        above = {n for n in _imports(_module_path(contract)) if n.startswith("impls")
+                 and not any(n == c or n.startswith(c + ".") for c in CONTRACT_MODULES)}
+        assert not above, f"{contract} imports {sorted(above)}"
 
 
 def test_only_the_triton_backend_imports_it():
