@@ -111,8 +111,8 @@ class TileLangKernel(TileLangBackward, NormKernel):
         else:
             dtype, n, affine, m = build
             dt = getattr(torch, dtype)
-            plan = make_plan(self.variant, dt, n, affine in ("weight", "weight_bias"), affine in ("weight_bias", "bias"),
-                             choose_vec(dt, n), m=m)
+            plan = self.plan_for(dt, n, affine in ("weight", "weight_bias"), affine in ("weight_bias", "bias"),
+                                 choose_vec(dt, n), m)
         t0 = time.perf_counter()
         compiled = compiler.compile_plan(plan, compiler.SM90)
         seconds = time.perf_counter() - t0
@@ -182,10 +182,6 @@ class TileLangKernel(TileLangBackward, NormKernel):
         m, n = t.shape
         return t.as_strided(((m - 1) * t.stride(0) + n,), (1,))
 
-    def _flat_x(self, x: torch.Tensor) -> torch.Tensor:
-        """x as the kernel takes it: flat (the rows sxv vectors apart)."""
-        return self._flat(x)
-
     def _run(self, plan: Plan, x: torch.Tensor, weight, bias, eps: float, out: NormOutputs, with_bias: bool) -> None:
         compiled = compiler.compile_plan(plan)
         m = x.shape[0]
@@ -193,7 +189,7 @@ class TileLangKernel(TileLangBackward, NormKernel):
         sxv = x.stride(0) // vec if m > 1 else 0
         syv = out.y.stride(0) // vec if m > 1 else 0
         w = weight if weight is not None else _dummy(x.device, x.dtype)
-        args = [self._flat_x(x), w]
+        args = [self._flat(x), w]  # x flat, its rows sxv vectors apart
         if with_bias:
             args.append(bias if bias is not None else _dummy(x.device, x.dtype))
         args.append(self._flat(out.y))
