@@ -187,3 +187,24 @@ def test_the_declared_python_floor_has_every_module_the_code_imports():
     newer = {f"{_rel(p)}: {name}" for p in [*_sources((".py",)), *(ROOT / "normdiff").rglob("*.py")]
              for name in _imports(p) if STDLIB_SINCE.get(name, (0, 0)) > floor}
     assert not newer, f"requires-python {spec}, but these need a newer Python: {sorted(newer)}"
+
+
+def _eps_literal_defaults(source: str) -> list[str]:
+    """Functions whose ``eps`` parameter defaults to a number written out (not DEFAULT_EPS)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            pairs = list(zip(args.args[len(args.args) - len(args.defaults):], args.defaults))
+            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+            found += [f"{getattr(node, 'name', 'lambda')}:{node.lineno}" for a, d in pairs
+                      if a.arg == "eps" and isinstance(d, ast.Constant) and isinstance(d.value, float)]
+    return found
+
+
+def test_eps_defaults_come_from_default_eps():
+    """An op's default eps is impls.base.DEFAULT_EPS, the one place (a literal elsewhere drifts)."""
+    assert _eps_literal_defaults("def f(x, eps: float = 1e-5): pass") == ["f:1"]
+    files = [*_sources((".py",)), *(ROOT / "examples").rglob("*.py")]
+    found = [f"{_rel(p)}:{where}" for p in files for where in _eps_literal_defaults(p.read_text())]
+    assert not found, f"eps defaults written as numbers: {found}"
