@@ -6,11 +6,11 @@
 #                                 instead (tools/candidate_backend.py; NORMDIFF_CANDIDATES narrows)
 #   tools/gpu_run.sh tests OUT    the framework's tests
 #   tools/gpu_run.sh bench OUT    the benchmark suite (BENCH_SET, default full: the whole sweep; BENCH_REPEAT passes of the bandwidth
-#                                 part, default 2), README shapes; tools.host_cost. BENCH_ARGS adds
+#                                 part, default 2), the measured shapes (docs/measurements.md); tools.host_cost. BENCH_ARGS adds
 #                                 pytest arguments (e.g. "--dtype float16" for one share of a split
 #                                 run); BENCH_BACKENDS the backends (default all: the warm-up then
 #                                 compiles those among triton, tilelang, torch_compile, apex, liger);
-#                                 BENCH_K a pytest -k selection; BENCH_EXTRAS=0 leaves out the README
+#                                 BENCH_K a pytest -k selection; BENCH_EXTRAS=0 leaves out the measured
 #                                 shapes and tools.host_cost
 #   tools/gpu_run.sh sweep OUT [ARGS]   the Triton launch-setting sweep (python -m tools.triton_sweep ARGS)
 #   tools/gpu_run.sh longprobe OUT   tools.long_row_probe (x of about 1 GiB) for each of PROBE_DTYPES
@@ -62,7 +62,7 @@ bench)
      --report-dir="$out" ${BENCH_ARGS:-} > "$out/benchmark.log" 2>&1
   tail -n 15 "$out/benchmark.log"
   [[ ${BENCH_EXTRAS:-1} == 0 ]] && exit 0
-  # The shapes the README quotes, each kernel of the project, bf16.
+  # The shapes docs/measurements.md quotes, each kernel of the project, bf16.
   timeout 50 python -m harness.measure --backend triton,tilelang --dtype bfloat16 \
      --shapes 16384x4096,16384x4000,32768x1024,4096x65536 --json "$out/measure.json" > "$out/measure.log" 2>&1
   tail -n 30 "$out/measure.log"
