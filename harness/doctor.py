@@ -129,8 +129,9 @@ def backends(files=()) -> list[dict]:
 
     # Plug-ins shipped as examples: loaded when present, so their status shows with the built-ins.
     KNOWN_PLUGINS = {name: ROOT / path for name, path in registry.KNOWN_PLUGINS.items()}
-    registry.load_all([*files, *(str(p) for p in KNOWN_PLUGINS.values() if p.is_file())])
+    registry.load_all([str(p) for p in KNOWN_PLUGINS.values() if p.is_file()])
     plugins = {name: str(p.relative_to(ROOT)) for name, p in KNOWN_PLUGINS.items()}
+    plugins.update(_load_named(files))
     rows = []
     for backend in registry.backends():
         kernels = registry.kernels([backend])
@@ -150,6 +151,21 @@ def backends(files=()) -> list[dict]:
     for source, err in registry.load_errors().items():
         rows.append({"backend": source, "runs": "no", "how": "failed to load", "device": "-", "kernels": 0, "why_not": [err]})
     return rows
+
+
+def _load_named(files) -> dict[str, str]:
+    """Load the plug-in files named with --backend-file: {backend: how to load it} for the
+    backends each registers (a path under the checkout relative to it)."""
+    from impls import registry
+
+    loads = {}
+    for f in files:
+        registry.load_file(f)
+        path = Path(f).resolve()
+        shown = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+        module = f"normdiff_plugin_{path.stem}"  # the module name registry.load_file gives the file
+        loads.update({k.backend: shown for k in registry.kernels() if type(k).__module__ == module})
+    return loads
 
 
 def render(machine_rows, backend_rows) -> str:

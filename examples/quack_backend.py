@@ -1,0 +1,343 @@
+"""QuACK (``pip install quack-kernels==0.6.5``, CuTe DSL kernels) as an outside backend, loaded with
+
+    pytest harness --backend-file examples/quack_backend.py --backend quack
+
+It registers backend "quack", two variants per op:
+- ``default``: the functions QuACK's own autograd Function and LayerNorm wrapper call, with their
+  launch choices (the analytical heuristic, ``RmsNormFwdConfig.from_analytical_heuristic``):
+  RMSNorm ``quack.rmsnorm.rmsnorm_fwd(x, weight, eps=eps, store_rstd=True)`` (what
+  ``RMSNormFunction.forward`` calls when a gradient is needed, rmsnorm.py:1620-1633), LayerNorm
+  ``quack.rmsnorm.layernorm_fwd(x, weight, bias, eps, return_rstd=True, return_mean=True)``.
+- ``tuned``: QuACK's autotuned entry point, ``quack.rmsnorm.rmsnorm_fwd_tuned`` (``@autotune`` over
+  every launch config, the winner cached per shape, stride class and dtype), forward only.
+``quack`` is imported on first use, so this file loads, and its kernels register (skipped with the
+reason), where QuACK is missing. Written against quack-kernels 0.6.5 with nvidia-cutlass-dsl
+4.7.1; every line number below is of the 0.6.5 wheel's quack/ package unless a file is named.
+
+What each call returns (rmsnorm.py):
+- rmsnorm_fwd (:473) -> (out, residual_out, rstd): out = empty_like(x) (:488), rstd float32 (M,)
+  when store_rstd (:489); residual_out is x here (no residual).
+- layernorm_fwd (:1741) -> (out, rstd, mean), both float32 (M,) (:1775-1776).
+- rmsnorm_fwd_tuned (:514) writes into the out, rstd and mean it is given; the plug-in allocates
+  them inside the call, as rmsnorm_fwd does.
+
+Declarations, each with its source:
+- devices: CUDA only; the kernels are CuTe DSL programs for sm_80 and later (clusters on sm_90:
+  RMSNorm._set_cluster_n, :97-105).
+- dtypes: float32, float16, bfloat16 (``supported_types``, :395-396; layernorm_fwd :1766).
+- LayerNorm: weight and bias float32 (asserted, :1767 and :1770) and a weight required
+  (:1765); the plug-in converts the caller's weight and bias to float32 before the timed call
+  (exact: every float16/bfloat16 value is a float32). Without a weight the default LayerNorm is
+  refused with that reason; the tuned entry point takes no weight as well (its kernel's weight
+  and bias are optional, :108-120) and runs it.
+- RMSNorm: weight of any of the three dtypes, optional (:398); the caller's weight goes as it is.
+- rows: QuACK compiles for a row stride and a start that are multiples of its vector of
+  gcd(N, 16 bytes / element) elements (``div``, :446; compile_utils.py:28-32, ``assumed_align``).
+  Rows that are not are copied to fresh contiguous rows first (outside the timed call: in
+  bench_callable and user_call), as QuACK's autograd Function makes a tensor whose last stride is
+  not 1 contiguous (``_ensure_contiguous``, :57-63). Strided rows that are go as they are.
+- N: at most 262144, the longest rows QuACK's own tests run (tests/test_rmsnorm.py in its
+  repository, N up to 262144; rows span a cluster of up to 16 blocks, rmsnorm_config.py:47-91):
+  no limit in the code, a declared one here. Backward: float32 at most 131072
+  (``RMSNormBackward.__init__`` raises beyond 128 Ki elements of 32 bits, :637-639).
+- outputs: y and rstd (RMSNorm), y, mean and rstd (LayerNorm): the statistics QuACK returns.
+- rounding: "once". y = x * rstd * w (+ b) in float32, rounded once to y's dtype (:350-360);
+  rstd = rsqrt.approx (``fastmath=True``, :311 and :324), LayerNorm's variance two-pass about
+  the row's mean (:265-311).
+- backward (default variant): RMSNorm ``quack.rmsnorm.rmsnorm_bwd(x, weight, dy, rstd)`` (:1350)
+  -> (dx, dw, db, dresidual); LayerNorm ``quack.rmsnorm.layernorm_bwd(x, weight, dy, rstd, mean,
+  has_bias)`` (:1789) -> (dx, dw, db), which needs a weight (:1813). dw and db are float32
+  partials per persistent block, ``get_sm_count(N)`` of them (rmsnorm_config.py:265-293: a multiple
+  of the SM count by N), summed by torch and cast to the weight's dtype (:1378, :1835). The
+  timed backward includes copying dx, dw and db into the caller's buffers, as for every kernel
+  that allocates its own (the harness times ``_backward``). The tuned variant has none: QuACK's
+  autograd runs the default backward, and rmsnorm_bwd_tuned (:1525) leaves sizing and summing
+  the partials to its caller.
+- compile key: the forward compiles once per dtypes, N and which of weight, bias, rstd and mean
+  are given (``@jit_cache`` on _compile_rmsnorm_fwd, :426-470), M and the strides being run-time
+  values; the backward also per power-of-two bucket of M (``T_hint``, :1271). The key is the
+  backward's (the finer). The tuned variant's is its autotuner's key: the exact shape, the
+  stride class (0, 1 or more) and the dtype of each tensor argument (autotuner.py:296-320).
+- known issue, 16-bit rows of odd N (every such check of the default variant is expected to fail;
+  the tuned variant refuses them, its autotuner would only compile every config in vain): x's
+  vector is then one element (``vecsize = gcd(N, 128 // width)``, :126), and the kernel's copy of
+  x into shared memory is a cp.async, which moves 4, 8 or 16 bytes only: the CuTe DSL refuses to
+  build it ("'cp_size' only supports (32, 64, 128), but got 16"), forward and backward, RMSNorm
+  and LayerNorm, float16 and bfloat16 (float32, and even N, compile). Reproduced outside the
+  harness without a GPU, by compiling QuACK's forward for sm_90 as ``rmsnorm_fwd`` does::
+
+      CUTE_DSL_ARCH=sm_90a QUACK_ARCH=sm_90 python -c "import importlib, cutlass;
+      r = importlib.import_module('quack.rmsnorm'); bf = cutlass.BFloat16;
+      r._compile_rmsnorm_fwd(bf, bf, None, bf, None, None, 7, True, False, False, False)"
+
+  (N = 6 compiles; on a GPU, ``rmsnorm_fwd(x, w, store_rstd=True)`` on bfloat16 rows of 7 raises
+  the same DSLRuntimeError).
+- workspace: QuACK's own y (or dx) and statistics, the float32 weight and bias, a row copy where
+  made, the backward's dw and db partials; the tuned variant's first call per shape also clones
+  its tensor arguments 4 to 16 times for its L2-cold timing (bench/bench_utils.py:179-202).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
+from impls.registry import register
+
+QUACK_VERSION = "0.6.5"
+CUTLASS_DSL_VERSION = "4.7.1"
+MAX_N = 262144  # the longest rows QuACK's tests run
+BACKWARD_F32_MAX_N = 131072  # RMSNormBackward.__init__: N > 128 Ki with 32-bit elements raises
+L2_BYTES = 60 * 2**20  # the larger L2 of the cards the runs get (H200), for the autotuner's clones
+PARTIALS_PER_SM = 16  # get_sm_count's largest multiple of the SM count (N <= 256)
+QUACK = OptionalImport(
+    "quack.rmsnorm",
+    missing=(f"quack not importable: pip install quack-kernels=={QUACK_VERSION} "
+             f"nvidia-cutlass-dsl=={CUTLASS_DSL_VERSION} (see docs/backends.md, Peers)"))
+
+
+def _quack():
+    """quack.rmsnorm (the module: ``quack.rmsnorm`` as an attribute is the function), or None."""
+    mods = QUACK.modules()
+    return None if mods is None else mods[0]
+
+
+def availability() -> str | None:
+    if _quack() is None:
+        return QUACK.reason
+    if not cuda_present():
+        return "quack needs a CUDA device (its CuTe DSL kernels run on sm_80 and later GPUs only)"
+    return None
+
+
+def vector(n: int, dtype: torch.dtype) -> int:
+    """Elements of QuACK's widest access for rows of N: its row strides and starts are multiples."""
+    return math.gcd(n, 16 // torch.empty((), dtype=dtype).element_size())
+
+
+def as_quack_takes(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """``t`` where its rows (or its one row) start on QuACK's vector, else a fresh contiguous copy."""
+    if t is None:
+        return None
+    v = vector(n, t.dtype)
+    if t.stride(-1) == 1 and t.data_ptr() % (v * t.element_size()) == 0 and (t.dim() == 1 or t.stride(0) % v == 0):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def odd_16bit(dtype: torch.dtype, n: int) -> bool:
+    """Rows QuACK cannot compile for: 16-bit elements and an odd N (the known issue above)."""
+    return dtype in (torch.float16, torch.bfloat16) and n % 2 == 1
+
+
+ODD_16BIT = ("quack 0.6.5 compiles no kernel for 16-bit rows of odd N: its cp.async copy of one 16-bit "
+             "element is refused by the CuTe DSL (cp_size 16; it moves 32, 64 or 128 bits)")
+
+
+def _m_bucket(rows: int) -> int:
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+class _Quack(NormKernel):
+    backend = "quack"
+    packages = ("quack-kernels", "nvidia-cutlass-dsl")
+    devices = ("cuda",)
+    max_n = MAX_N
+    rounding = "once"
+
+    def availability(self) -> str | None:
+        return availability()
+
+    def note(self) -> str:
+        import importlib.metadata as md
+
+        found = []
+        for pkg in self.packages:
+            try:
+                found.append(f"{pkg} {md.version(pkg)}")
+            except md.PackageNotFoundError:
+                found.append(f"{pkg} not installed")
+        return f"{', '.join(found)} (written for quack-kernels {QUACK_VERSION}); {self.call_name}"
+
+    def _inputs(self, x, weight, bias) -> tuple:
+        """What QuACK's entry point requires of x, weight and bias, made before its call."""
+        n = x.shape[-1]
+        return as_quack_takes(x, n), as_quack_takes(weight, n), as_quack_takes(bias, n)
+
+    def _entry(self, x, weight, bias, eps: float):
+        """QuACK's entry point on prepared inputs; returns (y, mean or None, rstd)."""
+        raise NotImplementedError
+
+    def _call(self, x, weight, bias, eps):
+        return self._entry(*self._inputs(x, weight, bias), eps)
+
+    def bench_callable(self, x, weight, bias, eps, out):
+        args = self._inputs(x, weight, bias)
+        return lambda: self._entry(*args, eps)
+
+    def user_call(self, x, weight, bias, eps):
+        args = self._inputs(x, weight, bias)
+        return self.call_name, lambda: self._entry(*args, eps)
+
+    def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
+        y, mean, rstd = self._call(x, weight, bias, eps)
+        out.y.copy_(y.view(out.y.shape))
+        out.rstd.copy_(rstd.reshape(-1))
+        if out.mean is not None:
+            out.mean.copy_(mean.reshape(-1))
+
+    def compile_key(self, spec: NormSpec):
+        return ("quack", self.variant, spec.op, spec.dtype, spec.n, spec.has_weight, spec.has_bias,
+                _m_bucket(spec.rows))
+
+    def prepare(self, spec: NormSpec) -> None:
+        """Compile (and for the tuned variant, autotune) outside any timed region."""
+        if self.unsupported(spec):
+            return
+        rows = spec.rows if self.variant == "tuned" else min(spec.rows, 8)
+        x = torch.randn(rows, spec.row_stride, dtype=spec.dtype, device="cuda")[:, :spec.n]
+        w = torch.ones(spec.n, dtype=spec.dtype, device="cuda") if spec.has_weight else None
+        b = torch.zeros(spec.n, dtype=spec.dtype, device="cuda") if spec.has_bias else None
+        self._call(x, w, b, 1e-5)
+        torch.cuda.synchronize()
+
+    def workspace_bytes(self, spec: NormSpec) -> int:
+        """QuACK's own outputs, float32 weight and bias, row copies and backward partials."""
+        size = torch.empty((), dtype=spec.dtype).element_size()
+        e, r, n = spec.rows * spec.n, spec.rows, spec.n
+        copies = 2 * e * size  # x and dy made contiguous, where their rows are not as QuACK takes them
+        partials = 2 * PARTIALS_PER_SM * _sm_count() * n * 4  # dw and db partials (backward)
+        own = e * size + 8 * r + 8 * n  # y or dx, mean and rstd, weight and bias in float32
+        return own + copies + partials
+
+
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if cuda_present() else 132
+
+
+class _QuackDefault(_Quack):
+    variant = "default"
+
+    def known_issue(self, case_id: str, device: str) -> str | None:
+        # The case id's words (harness.cases.Case.id): op-dtype-shape-dist[-...]; N ends the shape.
+        words = case_id.split("-")
+        if device != "cuda" or len(words) < 3 or words[1] not in ("float16", "bfloat16"):
+            return None
+        return ODD_16BIT if odd_16bit(getattr(torch, words[1]), int(words[2].split("x")[-1])) else None
+
+    def backward_unsupported(self, spec: NormSpec) -> str | None:
+        reason = super().backward_unsupported(spec)
+        if reason:
+            return reason
+        if spec.dtype == torch.float32 and spec.n > BACKWARD_F32_MAX_N:
+            return (f"N={spec.n}: quack's backward takes float32 rows of at most {BACKWARD_F32_MAX_N} "
+                    "(RMSNormBackward: not enough shared memory beyond 128 Ki 32-bit elements)")
+        return None
+
+
+@register
+class QuackRMSNorm(_QuackDefault):
+    op = "rms_norm"
+    outputs = ("y", "rstd")
+    call_name = "quack.rmsnorm.rmsnorm_fwd(x, weight, eps=eps, store_rstd=True)"
+
+    def _entry(self, x, weight, bias, eps):
+        y, _, rstd = _quack().rmsnorm_fwd(x, weight, eps=eps, store_rstd=True)
+        return y, None, rstd
+
+    def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
+        n = x.shape[-1]
+        dx, dw, _, _ = _quack().rmsnorm_bwd(as_quack_takes(x, n), weight, as_quack_takes(dy, n),
+                                            saved.rstd.contiguous())
+        out.dx.copy_(dx.view(out.dx.shape))
+        if out.dw is not None:
+            out.dw.copy_(dw)
+
+
+def _f32(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if t is None else as_quack_takes(t.float(), n)
+
+
+@register
+class QuackLayerNorm(_QuackDefault):
+    op = "layer_norm"
+    outputs = ("y", "mean", "rstd")
+    call_name = "quack.rmsnorm.layernorm_fwd(x, weight_f32, bias_f32, eps, return_rstd=True, return_mean=True)"
+
+    def unsupported(self, spec: NormSpec) -> str | None:
+        reason = super().unsupported(spec)
+        if reason:
+            return reason
+        if not spec.has_weight:
+            return "quack's layernorm_fwd and layernorm_bwd need a weight (they assert weight.dim() == 1)"
+        return None
+
+    def _inputs(self, x, weight, bias):
+        n = x.shape[-1]
+        return as_quack_takes(x, n), _f32(weight, n), _f32(bias, n)
+
+    def _entry(self, x, weight, bias, eps):
+        y, rstd, mean = _quack().layernorm_fwd(x, weight, bias, eps, return_rstd=True, return_mean=True)
+        return y, mean, rstd
+
+    def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
+        n = x.shape[-1]
+        dx, dw, db = _quack().layernorm_bwd(as_quack_takes(x, n), _f32(weight, n), as_quack_takes(dy, n),
+                                            saved.rstd.contiguous(), saved.mean.contiguous(),
+                                            has_bias=bias is not None)
+        out.dx.copy_(dx.view(out.dx.shape))
+        out.dw.copy_(dw)
+        if out.db is not None:
+            out.db.copy_(db)
+
+
+class _QuackTuned(_Quack):
+    variant = "tuned"
+    is_layernorm = False
+
+    def unsupported(self, spec: NormSpec) -> str | None:
+        reason = super().unsupported(spec)
+        if reason:
+            return reason
+        if odd_16bit(spec.dtype, spec.n):
+            return ODD_16BIT + " (declared as quack.default's known issue)"
+        return None
+
+    def compile_key(self, spec: NormSpec):
+        stride = min(spec.row_stride, 2) if spec.rows > 1 else None
+        return ("quack", self.variant, spec.op, spec.dtype, spec.rows, spec.n, stride, spec.has_weight, spec.has_bias)
+
+    def _entry(self, x, weight, bias, eps):
+        y = torch.empty_like(x)
+        rstd = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        mean = torch.empty_like(rstd) if self.is_layernorm else None
+        _quack().rmsnorm_fwd_tuned(x, weight, y, bias, rstd, mean, eps=eps,
+                                   is_layernorm=self.is_layernorm, per_head=False)
+        return y, mean, rstd
+
+    def workspace_bytes(self, spec: NormSpec) -> int:
+        size = torch.empty((), dtype=spec.dtype).element_size()
+        args = 2 * spec.rows * spec.row_stride * size + 8 * spec.rows + 8 * spec.n  # x, y, stats, w, b
+        clones = max(4 * args, min(16 * args, 3 * L2_BYTES + args))
+        return super().workspace_bytes(spec) + clones
+
+
+@register
+class QuackTunedRMSNorm(_QuackTuned):
+    op = "rms_norm"
+    outputs = ("y", "rstd")
+    call_name = "quack.rmsnorm.rmsnorm_fwd_tuned(x, weight, out, None, rstd, None, eps=eps, is_layernorm=False)"
+
+
+@register
+class QuackTunedLayerNorm(_QuackTuned):
+    op = "layer_norm"
+    outputs = ("y", "mean", "rstd")
+    is_layernorm = True
+    call_name = ("quack.rmsnorm.rmsnorm_fwd_tuned(x, weight_f32, out, bias_f32, rstd, mean, eps=eps, "
+                 "is_layernorm=True)")
+
+    def _inputs(self, x, weight, bias):
+        n = x.shape[-1]
+        return as_quack_takes(x, n), _f32(weight, n), _f32(bias, n)
