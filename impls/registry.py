@@ -18,7 +18,8 @@ from impls.base import NormKernel
 
 # Plug-ins the project ships as examples: a name that is not registered but is listed here gets
 # told how to load it.
-KNOWN_PLUGINS = {"liger": "examples/liger_backend.py"}
+KNOWN_PLUGINS = {"liger": "examples/liger_backend.py", "quack": "examples/quack_backend.py",
+                 "flashinfer": "examples/flashinfer_backend.py"}
 BUILTIN_MODULES = ("impls.torch_eager", "impls.torch_compile", "impls.triton", "impls.tilelang", "impls.apex")
 ENTRY_POINT_GROUP = "normdiff.backends"
 
