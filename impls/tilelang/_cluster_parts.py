@@ -40,12 +40,14 @@ __device__ __forceinline__ float normdiff_block_sum(const float* v, int first, i
 """
 
 
-def _helpers(plan: Plan, sums: int, barriers: int = 1):
-    """The kernel's device functions in the generated CUDA (one import: a second would replace
-    the first), and (bar, ws): the ``barriers`` mbarriers of the mbarrier exchange (arrive count
-    1 each: the block's own arrive; None for the barrier exchange) and the shared workspace of
-    ``sums`` one-barrier block sums (None without Plan.one_barrier_sum)."""
+def _helpers(plan: Plan, sums: int, barriers: int = 1, more: tuple = ()):
+    """The kernel's device functions in the generated CUDA, ``more`` (a candidate's) after its
+    own (one import: a second would replace the first), and (bar, ws): the ``barriers`` mbarriers
+    of the mbarrier exchange (arrive count 1 each: the block's own arrive; None for the barrier
+    exchange) and the shared workspace of ``sums`` one-barrier block sums (None without
+    Plan.one_barrier_sum)."""
     sources = ([_PUT_SOURCE] if plan.mbar_exchange else []) + ([_BLOCK_SUM_SOURCE] if plan.one_barrier_sum else [])
+    sources += list(more)
     if sources:
         T.import_source("".join(sources))
     bar = T.alloc_barrier([1] * barriers) if plan.mbar_exchange else None
