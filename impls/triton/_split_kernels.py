@@ -98,16 +98,40 @@ def _merge_parts(m_j, m2_j, n_j, N: tl.constexpr, eps):
     return mean, tl.rsqrt(var + eps)
 
 
+@triton.jit
+def _split_program(N: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """This program's group, its part of the group's rows, and the part's columns with their mask."""
+    group = tl.program_id(0) // SPLITS
+    part = tl.program_id(0) % SPLITS
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    return group, part, cols, cols < N
+
+
+@triton.jit
+def _part_counts(part, N: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """The columns of part ``part`` and of each of the SPLITS_P2 parts (none past the last), in
+    float32: the weights of their statistics."""
+    n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
+    j = tl.arange(0, SPLITS_P2)
+    return n_part, tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+
+
+@triton.jit
+def _part_moments(x, cmask, n_part):
+    """A part's exact statistics of float32 x: its mean, x less it (0 in padded lanes), and the
+    centred sum of squares M2."""
+    m_part = tl.sum(x, axis=0) / n_part
+    d = tl.where(cmask, x - m_part, 0.0)
+    return m_part, d, tl.sum(d * d, axis=0)
+
+
 @triton.jit(do_not_specialize=["GROUPS"])
 def rms_norm_split(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
     ROUND_BF16: tl.constexpr,
 ):
-    group = tl.program_id(0) // SPLITS
-    part = tl.program_id(0) % SPLITS
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
+    group, part, cols, cmask = _split_program(N, BLOCK_N, SPLITS)
     x_next = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=_row_cols(cmask, group, M), other=0.0)
     it = 0
     for row in tl.range(group, M, GROUPS):
@@ -137,21 +161,13 @@ def layer_norm_split(
     # Each program reduces its own columns exactly (two passes over registers: mean, then the
     # centred sum of squares), and the row's mean and variance come from the parts' (mean, M2)
     # by Chan's combination: no large common part cancels, large-mean rows included.
-    group = tl.program_id(0) // SPLITS
-    part = tl.program_id(0) % SPLITS
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
-    j = tl.arange(0, SPLITS_P2)
-    n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns per part
+    group, part, cols, cmask = _split_program(N, BLOCK_N, SPLITS)
+    n_part, n_j = _part_counts(part, N, BLOCK_N, SPLITS_P2)
     x_next = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=_row_cols(cmask, group, M), other=0.0)
     it = 0
     for row in tl.range(group, M, GROUPS):
         row64 = row.to(tl.int64)
-        x = x_next.to(tl.float32)
-        m_part = tl.sum(x, axis=0) / n_part
-        d = tl.where(cmask, x - m_part, 0.0)
-        m2_part = tl.sum(d * d, axis=0)
+        m_part, d, m2_part = _part_moments(x_next.to(tl.float32), cmask, n_part)
         nxt = row + GROUPS
         x_next = tl.load(X + nxt.to(tl.int64) * stride_x + cols, mask=_row_cols(cmask, nxt, M), other=0.0)
         m_j, m2_j = _split_exchange(WORDS, group, part, it, m_part, m2_part, SPLITS, SPLITS_P2)
@@ -206,6 +222,53 @@ def _columns(P, cols, cmask, held, HOLD: tl.constexpr, W_EVICT: tl.constexpr):
     return tl.load(P + cols, mask=cmask, other=0.0, eviction_policy=W_EVICT).to(tl.float32)
 
 
+@triton.jit
+def _rms_lag_step(WORDS, W, Y, RSTD, ss, x_prev, w_held, group, part, it, row, cols, cmask, M, N: tl.constexpr,
+                  GROUPS, stride_y, eps, HAS_WEIGHT: tl.constexpr, HOLD_W: tl.constexpr, W_EVICT: tl.constexpr,
+                  SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """Iteration ``it`` of a lagged RMSNorm program once row ``row`` is reduced: the row's partial
+    ss published (none past the last row), then the previous row (x_prev) stored once every
+    sibling's partial of it is in (none before the first)."""
+    if row < M:
+        _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, ss, ss)
+    if it > 0:
+        ss_j, ss_k = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
+        # Both words hold ss; reading both (the max of equal values) keeps Triton 3.6 from a
+        # layout pass that fails on the unused one (2048 columns x 4 warps at 128 programs a row).
+        rstd = tl.rsqrt(tl.sum(tl.maximum(ss_j, ss_k), axis=0) / N + eps)  # the same order in every program
+        y = x_prev.to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            y = y * _columns(W, cols, cmask, w_held, HOLD_W, W_EVICT)
+        prev = row - GROUPS
+        _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
+        if part == 0:
+            tl.store(RSTD + prev, rstd)
+
+
+@triton.jit
+def _ln_lag_step(WORDS, W, B, Y, MEAN, RSTD, m_part, m2_part, n_j, x_prev, w_held, b_held, group, part, it, row,
+                 cols, cmask, M, N: tl.constexpr, GROUPS, stride_y, eps, HAS_WEIGHT: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HOLD_W: tl.constexpr, W_EVICT: tl.constexpr, SPLITS: tl.constexpr,
+                 SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """_rms_lag_step for LayerNorm: the partials are the part's mean and M2, merged by
+    _merge_parts."""
+    if row < M:
+        _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
+    if it > 0:
+        m_j, m2_j = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
+        mean, rstd = _merge_parts(m_j, m2_j, n_j, N, eps)
+        y = (x_prev.to(tl.float32) - mean) * rstd
+        if HAS_WEIGHT:
+            y = y * _columns(W, cols, cmask, w_held, HOLD_W, W_EVICT)
+        if HAS_BIAS:
+            y = y + _columns(B, cols, cmask, b_held, HOLD_W, W_EVICT)
+        prev = row - GROUPS
+        _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
+        if part == 0:
+            tl.store(MEAN + prev, mean)
+            tl.store(RSTD + prev, rstd)
+
+
 @triton.jit(do_not_specialize=["GROUPS"])
 def rms_norm_split_lag(
     X, W, Y, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
@@ -213,10 +276,7 @@ def rms_norm_split_lag(
     ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "", W_EVICT: tl.constexpr = "",
     NEXT_FIRST: tl.constexpr = False,
 ):
-    group = tl.program_id(0) // SPLITS
-    part = tl.program_id(0) % SPLITS
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
+    group, part, cols, cmask = _split_program(N, BLOCK_N, SPLITS)
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0,
                     cache_modifier=X_CACHE)  # group < M
     w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
@@ -233,20 +293,8 @@ def rms_norm_split_lag(
         ss = tl.sum(x * x, axis=0)
         if not NEXT_FIRST:
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
-        if row < M:
-            _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, ss, ss)
-        if it > 0:
-            ss_j, ss_k = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
-            # Both words hold ss; reading both (the max of equal values) keeps Triton 3.6 from a
-            # layout pass that fails on the unused one (2048 columns x 4 warps at 128 programs a row).
-            rstd = tl.rsqrt(tl.sum(tl.maximum(ss_j, ss_k), axis=0) / N + eps)  # the same order in every program
-            y = x_prev.to(tl.float32) * rstd
-            if HAS_WEIGHT:
-                y = y * _columns(W, cols, cmask, w_held, HOLD_W, W_EVICT)
-            prev = row - GROUPS
-            _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
-            if part == 0:
-                tl.store(RSTD + prev, rstd)
+        _rms_lag_step(WORDS, W, Y, RSTD, ss, x_prev, w_held, group, part, it, row, cols, cmask, M, N, GROUPS,
+                      stride_y, eps, HAS_WEIGHT, HOLD_W, W_EVICT, SPLITS, SPLITS_P2, ROUND_BF16)
         x_prev = x_cur
         x_cur = x_next
         it += 1
@@ -263,46 +311,25 @@ def layer_norm_split_lag(
 ):
     # triton.split's statistics (each part's exact mean and centred M2, merged by Chan's
     # combination), lagged as rms_norm_split_lag.
-    group = tl.program_id(0) // SPLITS
-    part = tl.program_id(0) % SPLITS
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
-    j = tl.arange(0, SPLITS_P2)
-    n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+    group, part, cols, cmask = _split_program(N, BLOCK_N, SPLITS)
+    n_part, n_j = _part_counts(part, N, BLOCK_N, SPLITS_P2)
     x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0, cache_modifier=X_CACHE)
     w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
     b_held = _held_columns(B, cols, cmask, HOLD_W and HAS_BIAS)
-    # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
-    # values and reads x_cur in its place (bad rows: all but each group's first).
+    # A value of its own (see rms_norm_split_lag).
     x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
     it = 0
     row = group
-    while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
+    while row < M + GROUPS:  # the last step (row >= M) only stores
         nxt = row + GROUPS
         if NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
-        x = x_cur.to(tl.float32)
-        m_part = tl.sum(x, axis=0) / n_part
-        d = tl.where(cmask, x - m_part, 0.0)
-        m2_part = tl.sum(d * d, axis=0)
+        m_part, _, m2_part = _part_moments(x_cur.to(tl.float32), cmask, n_part)
         if not NEXT_FIRST:
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
-        if row < M:
-            _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
-        if it > 0:
-            m_j, m2_j = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
-            mean, rstd = _merge_parts(m_j, m2_j, n_j, N, eps)
-            y = (x_prev.to(tl.float32) - mean) * rstd
-            if HAS_WEIGHT:
-                y = y * _columns(W, cols, cmask, w_held, HOLD_W, W_EVICT)
-            if HAS_BIAS:
-                y = y + _columns(B, cols, cmask, b_held, HOLD_W, W_EVICT)
-            prev = row - GROUPS
-            _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
-            if part == 0:
-                tl.store(MEAN + prev, mean)
-                tl.store(RSTD + prev, rstd)
+        _ln_lag_step(WORDS, W, B, Y, MEAN, RSTD, m_part, m2_part, n_j, x_prev, w_held, b_held, group, part, it, row,
+                     cols, cmask, M, N, GROUPS, stride_y, eps, HAS_WEIGHT, HAS_BIAS, HOLD_W, W_EVICT, SPLITS,
+                     SPLITS_P2, ROUND_BF16)
         x_prev = x_cur
         x_cur = x_next
         it += 1

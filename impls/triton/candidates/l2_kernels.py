@@ -1,8 +1,9 @@
 """The lagged split kernels with an L2 bulk prefetch and without the next row held: the probe's
 'L2 ahead' and 'L2 only' candidates (tools/long_row_probe.py; not measured yet,
 docs/perf-notes.md, item 58). The same kernels as _split_kernels.rms_norm_split_lag and
-layer_norm_split_lag, under the same names (the launcher finds them by name in this module,
-TritonKernel.kernel_module), with two compile-time choices more:
+layer_norm_split_lag (one body of their steps, _lagged_l2), under the same names (the launcher
+finds them by name in this module, TritonKernel.kernel_module), with two compile-time choices
+more:
 
 - L2_AHEAD: rows this many steps past the next one brought into L2 by a bulk prefetch (0: none);
 - HOLD_NEXT: the next row held in registers while this one is reduced (off: each step loads its
@@ -14,10 +15,9 @@ layer_norm_split (rows shorter than settings.SPLIT_LAG_MIN_N) are the registered
 import triton
 import triton.language as tl
 
-from impls.triton._row_kernels import _store_y
-from impls.triton._split_kernels import (_columns, _held_columns, _load_row, _merge_parts, _split_finish,  # noqa: F401
-                                         _split_publish, _split_slot, _split_wait, layer_norm_split,
-                                         rms_norm_split)
+from impls.triton._split_kernels import (_held_columns, _ln_lag_step, _load_row, _part_counts,  # noqa: F401
+                                         _part_moments, _rms_lag_step, _split_finish, _split_program,
+                                         layer_norm_split, rms_norm_split)
 
 # Rows ahead of the next one brought into L2 by a bulk prefetch (L2_AHEAD):
 # one thread of the program issues cp.async.bulk.prefetch.L2 (sm_90) for the program's columns of
@@ -64,56 +64,9 @@ def rms_norm_split_lag(
     ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr = False, X_CACHE: tl.constexpr = "", W_EVICT: tl.constexpr = "",
     NEXT_FIRST: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0, HOLD_NEXT: tl.constexpr = True,
 ):
-    group = tl.program_id(0) // SPLITS
-    part = tl.program_id(0) % SPLITS
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    if HOLD_NEXT:
-        x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0,
-                        cache_modifier=X_CACHE)  # group < M
-    else:  # each step loads its own row
-        x_cur = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
-    w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
-    # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
-    # values and reads x_cur in its place (bad rows: all but each group's first).
-    x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
-    FIRST_AHEAD: tl.constexpr = 1 if HOLD_NEXT else 0  # the rows the steps prefetch for start after these
-    for ahead in tl.static_range(FIRST_AHEAD, L2_AHEAD):
-        _prefetch_row_l2(X, group + (1 + ahead) * GROUPS, stride_x, part, N, BLOCK_N, M)
-    it = 0
-    row = group
-    while row < M + GROUPS:  # the last step (row >= M) only stores (a while loop: the interpreter)
-        nxt = row + GROUPS
-        if L2_AHEAD > 0:  # row i + 1 + L2_AHEAD into L2, for its load L2_AHEAD steps from now
-            _prefetch_row_l2(X, nxt + L2_AHEAD * GROUPS, stride_x, part, N, BLOCK_N, M)
-        if not HOLD_NEXT:  # this row, from L2 where L2_AHEAD brought it
-            x_cur = _load_row(X, row, stride_x, cols, cmask, M, X_CACHE)
-        elif NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
-            x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
-        x = x_cur.to(tl.float32)
-        ss = tl.sum(x * x, axis=0)
-        if HOLD_NEXT and not NEXT_FIRST:
-            x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
-        if row < M:
-            _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, ss, ss)
-        if it > 0:
-            ss_j, ss_k = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
-            # Both words hold ss; reading both (the max of equal values) keeps Triton 3.6 from a
-            # layout pass that fails on the unused one (2048 columns x 4 warps at 128 programs a row).
-            rstd = tl.rsqrt(tl.sum(tl.maximum(ss_j, ss_k), axis=0) / N + eps)  # the same order in every program
-            y = x_prev.to(tl.float32) * rstd
-            if HAS_WEIGHT:
-                y = y * _columns(W, cols, cmask, w_held, HOLD_W, W_EVICT)
-            prev = row - GROUPS
-            _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
-            if part == 0:
-                tl.store(RSTD + prev, rstd)
-        x_prev = x_cur
-        if HOLD_NEXT:
-            x_cur = x_next
-        it += 1
-        row += GROUPS
-    _split_finish(WORDS, DONE, group, SPLITS, SPLITS_P2, 4)
+    _lagged_l2(X, W, W, Y, RSTD, RSTD, WORDS, DONE, M, N, stride_x, stride_y, eps, GROUPS, HAS_WEIGHT, False,
+               BLOCK_N, SPLITS, SPLITS_P2, ROUND_BF16, HOLD_W, X_CACHE, W_EVICT, NEXT_FIRST, L2_AHEAD, HOLD_NEXT,
+               False)
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
@@ -124,24 +77,31 @@ def layer_norm_split_lag(
     W_EVICT: tl.constexpr = "", NEXT_FIRST: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0,
     HOLD_NEXT: tl.constexpr = True,
 ):
-    # triton.split's statistics (each part's exact mean and centred M2, merged by Chan's
-    # combination), lagged as rms_norm_split_lag.
-    group = tl.program_id(0) // SPLITS
-    part = tl.program_id(0) % SPLITS
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    n_part = tl.minimum(N - part * BLOCK_N, BLOCK_N).to(tl.float32)
-    j = tl.arange(0, SPLITS_P2)
-    n_j = tl.minimum(tl.maximum(N - j * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+    _lagged_l2(X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N, stride_x, stride_y, eps, GROUPS, HAS_WEIGHT, HAS_BIAS,
+               BLOCK_N, SPLITS, SPLITS_P2, ROUND_BF16, HOLD_W, X_CACHE, W_EVICT, NEXT_FIRST, L2_AHEAD, HOLD_NEXT,
+               True)
+
+
+@triton.jit
+def _lagged_l2(X, W, B, Y, MEAN, RSTD, WORDS, DONE, M, N: tl.constexpr, stride_x, stride_y, eps, GROUPS,
+               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+               SPLITS_P2: tl.constexpr, ROUND_BF16: tl.constexpr, HOLD_W: tl.constexpr, X_CACHE: tl.constexpr,
+               W_EVICT: tl.constexpr, NEXT_FIRST: tl.constexpr, L2_AHEAD: tl.constexpr, HOLD_NEXT: tl.constexpr,
+               LAYER_NORM: tl.constexpr):
+    """Both kernels' body: the registered lagged kernel's steps (RMSNorm's, or LayerNorm's where
+    LAYER_NORM; RMSNorm's B and MEAN are never read) with L2_AHEAD and HOLD_NEXT."""
+    group, part, cols, cmask = _split_program(N, BLOCK_N, SPLITS)
+    if LAYER_NORM:
+        n_part, n_j = _part_counts(part, N, BLOCK_N, SPLITS_P2)
     if HOLD_NEXT:
-        x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0, cache_modifier=X_CACHE)
+        x_cur = tl.load(X + group.to(tl.int64) * stride_x + cols, mask=cmask, other=0.0,
+                        cache_modifier=X_CACHE)  # group < M
     else:  # each step loads its own row
         x_cur = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
     w_held = _held_columns(W, cols, cmask, HOLD_W and HAS_WEIGHT)
-    b_held = _held_columns(B, cols, cmask, HOLD_W and HAS_BIAS)
-    # A value of its own: initialised as x_cur, Triton 3.6 drops x_prev from the loop's carried
-    # values and reads x_cur in its place (bad rows: all but each group's first).
-    x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)
+    if LAYER_NORM:
+        b_held = _held_columns(B, cols, cmask, HOLD_W and HAS_BIAS)
+    x_prev = tl.zeros([BLOCK_N], dtype=X.dtype.element_ty)  # see _split_kernels.rms_norm_split_lag
     FIRST_AHEAD: tl.constexpr = 1 if HOLD_NEXT else 0  # the rows the steps prefetch for start after these
     for ahead in tl.static_range(FIRST_AHEAD, L2_AHEAD):
         _prefetch_row_l2(X, group + (1 + ahead) * GROUPS, stride_x, part, N, BLOCK_N, M)
@@ -155,27 +115,20 @@ def layer_norm_split_lag(
             x_cur = _load_row(X, row, stride_x, cols, cmask, M, X_CACHE)
         elif NEXT_FIRST:  # row i + 1's load in flight across row i's reductions
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
-        x = x_cur.to(tl.float32)
-        m_part = tl.sum(x, axis=0) / n_part
-        d = tl.where(cmask, x - m_part, 0.0)
-        m2_part = tl.sum(d * d, axis=0)
+        if LAYER_NORM:
+            m_part, _, m2_part = _part_moments(x_cur.to(tl.float32), cmask, n_part)
+        else:
+            x = x_cur.to(tl.float32)
+            ss = tl.sum(x * x, axis=0)
         if HOLD_NEXT and not NEXT_FIRST:
             x_next = _load_row(X, nxt, stride_x, cols, cmask, M, X_CACHE)
-        if row < M:
-            _split_publish(_split_slot(WORDS, group, it, 4, SPLITS), part, it, m_part, m2_part)
-        if it > 0:
-            m_j, m2_j = _split_wait(_split_slot(WORDS, group, it - 1, 4, SPLITS), it - 1, SPLITS, SPLITS_P2)
-            mean, rstd = _merge_parts(m_j, m2_j, n_j, N, eps)
-            y = (x_prev.to(tl.float32) - mean) * rstd
-            if HAS_WEIGHT:
-                y = y * _columns(W, cols, cmask, w_held, HOLD_W, W_EVICT)
-            if HAS_BIAS:
-                y = y + _columns(B, cols, cmask, b_held, HOLD_W, W_EVICT)
-            prev = row - GROUPS
-            _store_y(Y, prev.to(tl.int64) * stride_y + cols, y, cmask, ROUND_BF16)
-            if part == 0:
-                tl.store(MEAN + prev, mean)
-                tl.store(RSTD + prev, rstd)
+        if LAYER_NORM:
+            _ln_lag_step(WORDS, W, B, Y, MEAN, RSTD, m_part, m2_part, n_j, x_prev, w_held, b_held, group, part, it,
+                         row, cols, cmask, M, N, GROUPS, stride_y, eps, HAS_WEIGHT, HAS_BIAS, HOLD_W, W_EVICT, SPLITS,
+                         SPLITS_P2, ROUND_BF16)
+        else:
+            _rms_lag_step(WORDS, W, Y, RSTD, ss, x_prev, w_held, group, part, it, row, cols, cmask, M, N, GROUPS,
+                          stride_y, eps, HAS_WEIGHT, HOLD_W, W_EVICT, SPLITS, SPLITS_P2, ROUND_BF16)
         x_prev = x_cur
         if HOLD_NEXT:
             x_cur = x_next
