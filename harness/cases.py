@@ -146,6 +146,14 @@ def BwdRows(*args, dy_dist: str = "normal", **fields) -> Rows:  # noqa: N802 (a 
     return Rows(*args, dy_dist=dy_dist, **fields)
 
 
+def quick_and_full(row, tags, quick_shapes, quick_dtypes, full_shapes=None, **fields) -> tuple[Rows, Rows]:
+    """One kind of case in both profiles, as two rows of ``row`` (Rows or BwdRows): the quick
+    profile's shapes in its dtypes, the full profile's (default: the same) in every dtype. A
+    profile expands only its own rows, so the pair keeps each profile's order where it stands."""
+    return (row(QUICK, tags, quick_shapes, quick_dtypes, **fields),
+            row(FULL, tags, quick_shapes if full_shapes is None else full_shapes, ALL, **fields))
+
+
 def grid(ms, ns) -> tuple[tuple[int, int], ...]:
     """Every M x N, M outer."""
     return tuple((m, n) for m in ms for n in ns)
@@ -218,26 +226,18 @@ BACKWARD_ROWS = (
     # M: tails of any rows-per-block choice; beyond 65536 rows (float32 only: a 16-bit dw's ulp
     # there is a row's size, see harness.compare_backward), at a padded N and a power of two:
     # ~2^26 elements (the float64 oracle: GBs).
-    BwdRows(QUICK, "M tail", grid(BACKWARD_TAIL_M, (769,)), F32),
-    BwdRows(FULL, "M tail", grid(BACKWARD_TAIL_M + BACKWARD_TAIL_M_FULL, TAIL_N), ALL),
+    *quick_and_full(BwdRows, "M tail", grid(BACKWARD_TAIL_M, (769,)), F32,
+                    grid(BACKWARD_TAIL_M + BACKWARD_TAIL_M_FULL, TAIL_N)),
     BwdRows(FULL, "large M", grid((BACKWARD_LARGE_M,), (1000, 1024)), F32),
     # N: odd and padded lengths in the row sums of dx.
-    BwdRows(QUICK, "padded N", grid((17,), BACKWARD_N), BF16),
-    BwdRows(FULL, "padded N", grid((64,), BACKWARD_N + BACKWARD_N_FULL), ALL),
+    *quick_and_full(BwdRows, "padded N", grid((17,), BACKWARD_N), BF16, grid((64,), BACKWARD_N + BACKWARD_N_FULL)),
     # Affine: every accepted combination (the weight-and-bias one is everywhere above).
-    BwdRows(QUICK, "affine", ((17, 1000),), F32, affine="none"),
-    BwdRows(QUICK, "affine", ((17, 1000),), F32, affine="weight"),
-    BwdRows(QUICK, "affine", ((17, 1000),), F32, affine="bias"),
-    BwdRows(FULL, "affine", ((17, 1000),), ALL, affine="none"),
-    BwdRows(FULL, "affine", ((17, 1000),), ALL, affine="weight"),
-    BwdRows(FULL, "affine", ((17, 1000),), ALL, affine="bias"),
+    *(r for affine in ("none", "weight", "bias")
+      for r in quick_and_full(BwdRows, "affine", ((17, 1000),), F32, affine=affine)),
     # Distributions of x and of dy.
-    BwdRows(QUICK, "large_mean", ((17, 4097),), F32_BF16, dist="large_mean"),
-    BwdRows(FULL, "large_mean", ((17, 4097),), ALL, dist="large_mean"),
-    BwdRows(QUICK, "dy outliers", ((65, 1000),), F32, dy_dist="outliers"),
-    BwdRows(FULL, "dy outliers", ((1025, 1000),), ALL, dy_dist="outliers"),
-    BwdRows(QUICK, "dy zeros", ((17, 1000),), F32, dy_dist="zeros"),
-    BwdRows(FULL, "dy zeros", ((17, 1000),), ALL, dy_dist="zeros"),
+    *quick_and_full(BwdRows, "large_mean", ((17, 4097),), F32_BF16, dist="large_mean"),
+    *quick_and_full(BwdRows, "dy outliers", ((65, 1000),), F32, ((1025, 1000),), dy_dist="outliers"),
+    *quick_and_full(BwdRows, "dy zeros", ((17, 1000),), F32, dy_dist="zeros"),
     BwdRows(BOTH, "offset", ((17, 4000),), F16, dist="offset"),
     # Layout: strided rows of x and dy; 3-D input.
     BwdRows(BOTH, "strided rows", ((33, 1000),), BF16, row_pad=64),

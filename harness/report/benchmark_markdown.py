@@ -203,12 +203,16 @@ def render_repeatability(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _counted(nd: dict, key: str, title: str) -> tuple[list, list[str]]:
+    """The entries of nd[key] and their section's first lines: the title with their count, and
+    "None." where there are none."""
+    entries = nd.get(key) or []
+    return entries, [f"## {title} ({len(entries)})", ""] + ([] if entries else ["None."])
+
+
 def render_skipped(nd: dict) -> list[str]:
-    skipped = nd.get("skipped") or []
-    lines = [f"## Skipped ({len(skipped)})", ""]
-    if not skipped:
-        lines.append("None.")
-    else:
+    skipped, lines = _counted(nd, "skipped", "Skipped")
+    if skipped:
         counts = Counter((s["kernel"], s["reason"]) for s in skipped)
         lines += table(["kernel", "reason", "shapes"], [
             [k, reason.replace("|", "\\|").replace("\n", " "), n] for (k, reason), n in sorted(counts.items())])
@@ -233,10 +237,7 @@ def render_preparation(doc: dict) -> list[str]:
 
 
 def render_failed(nd: dict) -> list[str]:
-    failed = nd.get("failed") or []
-    lines = [f"## Failed ({len(failed)})", ""]
-    if not failed:
-        lines.append("None.")
+    failed, lines = _counted(nd, "failed", "Failed")
     for f in failed:
         msg = [ln for ln in (f.get("message") or "").strip().splitlines() if ln.strip()]
         lines += [f"### `{f.get('nodeid', f['kernel']).split('::')[-1]}`", "", "```", *msg[-12:], "```", ""]
