@@ -40,6 +40,8 @@ class CallPath:
     def fast(self, x, weight, bias, eps):
         """The outputs of this call by its signature's plan, or None where the call must validate
         (a new signature, an eps the validated call must judge)."""
+        if not self.plans:  # nothing kept (the fast path off, or every plan dropped): no signature to make
+            return None
         key = fastpath.call_signature(x, weight, bias)
         if key is None:
             return None
@@ -54,8 +56,10 @@ class CallPath:
     def remember(self, x, x2, weight, bias, spec: NormSpec) -> None:
         """After a validated call on rows viewed from x (not copied): keep a plan for its signature,
         wrapped to record its native launches on its first run where the kernel may be replayed."""
+        if not fastpath.ENABLED:
+            return
         key = fastpath.call_signature(x, weight, bias)
-        if key is None or not fastpath.ENABLED or key in self.plans:
+        if key is None or key in self.plans:
             return
         if len(self.plans) >= fastpath.PLAN_LIMIT:
             self.plans.clear()
