@@ -1,8 +1,9 @@
 """TileLang candidates: plans and programs that tools/long_row_probe.py times beside the registered
 kernels (and tools/candidate_backend.py checks as backends of their own). Nothing in the backend
-imports this package: importing it (only what asks for it does) adds the candidate programs to
-the compiler's builders. A candidate that a probe finds faster moves into the registered kernels
-(_long_plan, _long_programs); one that loses is deleted, its numbers kept in docs/perf-notes.md.
+imports this package; its factories add the candidate programs to the compiler's builders
+(``register_programs``) where TileLang is installed. A candidate that a probe finds faster moves
+into the registered kernels (_long_plan, _long_programs); one that loses is deleted, its numbers
+kept in docs/perf-notes.md.
 They cannot run without a GPU: tests/test_long_row_candidates.py compiles them for sm_90, and the
 probe's float64 check, repeat and batch-invariance checks are their first run.
 
@@ -16,14 +17,22 @@ import copy
 
 import torch
 
-from impls.tilelang import _programs, compiler
-from impls.tilelang.candidates import cluster_programs
+from impls.tilelang import compiler
 from impls.tilelang.candidates.plans import CandidatePlan, candidate_plan
 from impls.tilelang.candidates.splitk_pipelined import (VARIANT, TileLangRMSNormSplitKPipelined,
                                                         rms_norm_splitk_pipelined)
 
-for _variant, _builder in {**cluster_programs.BUILDERS, VARIANT: rms_norm_splitk_pipelined}.items():
-    _programs.BUILDERS.setdefault(_variant, _builder)
+
+def register_programs() -> None:
+    """Add the candidate programs to the compiler's builders, once, where TileLang is installed:
+    the programs import tilelang.language, and without it the kernels say why they cannot run."""
+    if compiler.tilelang_module()[0] is None:
+        return
+    from impls.tilelang import _programs
+    from impls.tilelang.candidates import cluster_programs
+
+    for variant, builder in {**cluster_programs.BUILDERS, VARIANT: rms_norm_splitk_pipelined}.items():
+        _programs.BUILDERS.setdefault(variant, builder)
 
 
 def cluster(op: str, **choices):
@@ -32,6 +41,7 @@ def cluster(op: str, **choices):
     l2_ahead, wb_ahead, and Plan fields of the exchange and sums); the registered plan without."""
     from impls import callpath, registry
 
+    register_programs()
     variant = "cluster" if op == "rms_norm" else "layer_norm_cluster"
     k = copy.copy(registry.get(op, "tilelang", variant))
     callpath.forget(k)  # the copy's own call-path caches, not the registered kernel's
@@ -41,6 +51,7 @@ def cluster(op: str, **choices):
 
 
 def splitk_pipelined(blocks_per_sm: int = 1) -> TileLangRMSNormSplitKPipelined:
+    register_programs()
     k = TileLangRMSNormSplitKPipelined()
     k.blocks_per_sm = blocks_per_sm
     return k
@@ -51,6 +62,7 @@ def compile_offline(dtype: str, n: int, has_weight: bool = True, kernel=None) ->
     numbers (registers, spills)."""
     from impls.tilelang.plan import choose_vec
 
+    register_programs()
     dt = getattr(torch, dtype)
     kernel = kernel or splitk_pipelined()
     plan = kernel.plan_for(dt, n, has_weight, has_weight and kernel.op == "layer_norm", choose_vec(dt, n))
@@ -58,4 +70,4 @@ def compile_offline(dtype: str, n: int, has_weight: bool = True, kernel=None) ->
     return {"plan": plan.describe(), **compiler.ptxas_report(compiled).to_dict()}
 
 
-__all__ = ["CandidatePlan", "candidate_plan", "cluster", "compile_offline", "splitk_pipelined"]
+__all__ = ["CandidatePlan", "candidate_plan", "cluster", "compile_offline", "register_programs", "splitk_pipelined"]
