@@ -37,8 +37,8 @@ import torch
 
 from harness import bench_backward, memory, run, timing
 from harness.bench_context import BenchContext
-from harness.bench_forward import run_forward, sample_rows  # noqa: F401 (sample_rows: imported from here)
-from harness.bench_sweep import BenchItem, BenchShape, items, sweep
+from harness.bench_forward import run_forward
+from harness.bench_sweep import BenchItem, items, sweep
 from harness.cases import DTYPES
 from harness.isolation import first_line
 from harness.memory_watch import retryable_oom
@@ -114,4 +114,4 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     pytest.skip(f"{memory.OOM}{message}{budget}; not a result of the kernel's")
 
 
-__all__ = ["BenchItem", "BenchShape", "run_benchmark", "sample_rows", "sweep", "items"]
+__all__ = ["run_benchmark"]

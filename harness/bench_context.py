@@ -12,7 +12,8 @@ from harness import progress, run, timing
 from harness.arena import Arena, beyond_budget, device_budget, shape_need
 from harness.bench_forward import CHECK_ELEMENTS
 from harness.bench_sweep import BenchItem, BenchShape
-from harness.cases import DTYPES, Case, make_inputs
+from harness.cases import DTYPES, Case
+from harness.inputs import make_inputs
 from harness.runner import device_for
 from impls import native
 from impls.base import NormKernel, NormOutputs

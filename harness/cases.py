@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.inputs import Inputs, make_dy, make_inputs  # noqa: F401 (imported from here)
 from harness.shapes import (BACKWARD_LARGE_M, BACKWARD_N, BACKWARD_N_FULL, BACKWARD_TAIL_M, BACKWARD_TAIL_M_FULL,
                             CHECK_LONG_N, CHECK_LONG_N_QUICK, HUGE_CASES, ODD_N, POW2_N, TAIL_M, TAIL_M_FULL)
 from impls.base import DEFAULT_EPS, NormSpec
@@ -292,4 +291,4 @@ def case_from_id(case_id: str) -> Case:
     )
 
 
-__all__ = ["Case", "Inputs", "catalogue", "backward_catalogue", "case_from_id", "make_inputs", "make_dy"]
+__all__ = ["Case", "catalogue", "backward_catalogue", "case_from_id"]

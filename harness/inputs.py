@@ -1,6 +1,5 @@
 """A case's inputs, drawn bit for bit from its id: x (``make_x``: the case's distribution), the
-weight and bias (``make_inputs``) and a backward case's dy (``make_dy``). ``harness.cases``
-re-exports ``make_inputs``, ``make_dy`` and ``Inputs``, where the callers import them from.
+weight and bias (``make_inputs``) and a backward case's dy (``make_dy``).
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ import time
 import torch
 
 from harness import timing
-from harness.cases import DTYPES, Case, make_inputs
+from harness.cases import DTYPES, Case
+from harness.inputs import make_inputs
 from impls import registry
 from impls.base import UnsupportedCase, dtype_name, spec_of
 

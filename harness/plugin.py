@@ -19,7 +19,7 @@ from harness.controller import Controller
 from harness.progress import Progress
 from harness.run import STATE, backend_status, is_benchmark_run, split_names
 from harness.runner import device_for
-from harness.state import HarnessState, quick_cpu_kept  # noqa: F401 (imported from here)
+from harness.state import HarnessState
 from impls import registry
 from impls.base import OPS, NormKernel
 

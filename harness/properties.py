@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from harness import shapes
-from harness.cases import Case, make_dy, make_inputs
+from harness.cases import Case
+from harness.inputs import make_dy, make_inputs
 from impls import callpath
 from impls.base import NormGrads, NormKernel, NormOutputs, rows_view
 

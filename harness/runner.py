@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from harness import compare, compare_backward, guards
-from harness.cases import Case, make_dy, make_inputs
+from harness.cases import Case
+from harness.inputs import make_dy, make_inputs
 from harness.shapes import HUGE_ELEMENTS
 from impls.base import NormGrads, NormKernel, NormOutputs
 from impls.reference import reference, reference_backward

@@ -82,7 +82,8 @@ def _check(key, case_id: str) -> str | None:
 
 
 def _prepare(key, spec) -> str | None:
-    from harness.cases import Case, affine_of, make_inputs
+    from harness.cases import Case, affine_of
+    from harness.inputs import make_inputs
     from impls.base import dtype_name
 
     k = _KERNELS[key]

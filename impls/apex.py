@@ -100,7 +100,8 @@ def _case_clamp_shift(op: str, case_id: str, device: str) -> float:
     0.0 for a forward case, one without a weight, or where no GPU is present."""
     if device != "cuda" or not torch.cuda.is_available() or "-dy" not in case_id:
         return 0.0
-    from harness.cases import case_from_id, make_dy, make_inputs
+    from harness.cases import case_from_id
+    from harness.inputs import make_dy, make_inputs
 
     try:
         case = case_from_id(case_id)

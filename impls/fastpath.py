@@ -6,9 +6,9 @@ can run the problem and allocates the outputs. All of that depends only on the c
 alignment of their data (compiled kernels specialise on it). The first call of a signature goes
 the validated way and leaves a plan (``NormKernel.fast_plan``) in the kernel's call path
 (``impls.callpath``); later calls of the same signature, with outputs left to the kernel
-(``out=None``) and an eps that is a valid float, run the plan: allocate the outputs and launch. Every value validation depends on is either in the
-signature or checked again on each call (eps), so bad input is refused with the same errors on
-a warm cache as on a cold one.
+(``out=None``) and an eps that is a valid float, run the plan: allocate the outputs and launch.
+Every value validation depends on is either in the signature or checked again on each call (eps),
+so bad input is refused with the same errors on a warm cache as on a cold one.
 
 Backends override ``NormKernel.fast_plan`` with leaner launches (Triton: the compiled kernel's
 own launcher; TileLang: the compiled kernel called on prepared views); ``generic_plan`` here

@@ -131,7 +131,8 @@ def test_rounding_before_affine_is_allowed_exactly_that(op):
 def test_agreement_covers_the_statistics_in_allowed_errors():
     """Two kernels with the same y but an rstd 10 allowances apart disagree by 10, on rstd."""
     from harness import compare as cmp
-    from harness.cases import Case, make_inputs
+    from harness.cases import Case
+    from harness.inputs import make_inputs
     from impls.base import NormOutputs
     from impls.reference import reference
 

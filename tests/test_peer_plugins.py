@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from harness import runner
-from harness.cases import Case, make_inputs
+from harness.cases import Case
+from harness.inputs import make_inputs
 from impls import registry
 from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport
 from impls.reference import reference, reference_backward

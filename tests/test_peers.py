@@ -84,7 +84,7 @@ def test_quick_cpu_share_samples_cases_by_seed_and_keeps_known_issues(monkeypatc
     cases whose seed it divides, the rest skipped with the reason; a known issue is always checked
     (it must keep failing); the full profile, and a kernel that declares nothing, check every case."""
     from harness.cases import catalogue
-    from harness.plugin import HarnessState, quick_cpu_kept
+    from harness.state import HarnessState, quick_cpu_kept
 
     kernel = registry.get("rms_norm", "torch_compile")
     plain = registry.get("rms_norm", "torch")
@@ -182,7 +182,7 @@ def test_apex_calls_the_right_entry_point_and_normalises_its_outputs(monkeypatch
     monkeypatch.setattr(apex, "EXT", OptionalImport(apex.EXTENSION, missing=apex.EXT.missing))
     kernel = registry.get(op, "apex")
     case = Case(op=op, dtype="bfloat16", shape=(5, 300), affine=affine, row_pad=20)
-    from harness.cases import make_inputs
+    from harness.inputs import make_inputs
     inputs = make_inputs(case)
     assert not inputs.x.is_contiguous()
     out = NormOutputs(y=torch.empty(5, 300, dtype=torch.bfloat16),

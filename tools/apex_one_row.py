@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from harness import compare_backward
-from harness.cases import case_from_id, make_dy, make_inputs
+from harness.cases import case_from_id
+from harness.inputs import make_dy, make_inputs
 from impls.base import NormGrads
 from impls.reference import reference
 from tools.cuda_draws import cuda_draws

@@ -105,7 +105,7 @@ def _bitwise(k, x, w, b, dy, saved, eps, grads, cfg, fn) -> dict:
 def _measure(k, op, inputs, setting, cfg, tools, ceiling, smoke: bool) -> dict:
     """One setting: checked against the oracle (and bitwise, the default), then timed."""
     from harness import timing
-    from harness.bench import sample_rows
+    from harness.bench_forward import sample_rows
     from impls.base import DEFAULT_EPS, NormGrads
 
     x, w, b, dy, saved = inputs

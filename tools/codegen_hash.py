@@ -206,7 +206,7 @@ def candidate_rows(hasher: TritonHasher):
 
     from impls.base import NormSpec
     from impls.tilelang import compiler
-    from tools.long_row_probe import NO_AFFINE, NO_BIAS, candidates
+    from tools.long_row_candidates import NO_AFFINE, NO_BIAS, candidates
 
     for op in ("rms_norm", "layer_norm"):
         for _, label, make in candidates(op):

@@ -1,6 +1,6 @@
 """A case's inputs as the harness draws them on a GPU, rebuilt on a CPU.
 
-harness.cases.make_inputs and make_dy draw on the device they test: on a GPU with a CUDA
+harness.inputs.make_inputs and make_dy draw on the device they test: on a GPU with a CUDA
 generator, whose numbers are not a CPU generator's for the same seed. ``cuda_draws`` emulates
 torch's CUDA randn (distribution_elementwise_grid_stride_kernel in
 ATen/native/cuda/DistributionTemplates.h over curand's Philox4x32-10 and Box-Muller), so that a

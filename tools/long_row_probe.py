@@ -26,11 +26,12 @@ from pathlib import Path
 import torch
 
 from harness import timing
-from harness.cases import DTYPES, Case, make_inputs
+from harness.cases import DTYPES, Case
+from harness.inputs import make_inputs
 from harness.shapes import bandwidth_rows
 from impls import registry
 from impls.base import UnsupportedCase, dtype_name, spec_of
-from tools.long_row_candidates import NO_AFFINE, NO_BIAS, affine_of, candidates  # noqa: F401 (the labels' suffixes)
+from tools.long_row_candidates import affine_of, candidates
 
 SAMPLE_ROWS = 8  # rows checked against float64 (the first ones; the last row too)
 
@@ -72,8 +73,10 @@ def check(op, kernel, x, w, b, eps, out) -> dict:
 def _compile(plan) -> str | None:
     """A worker's share of the prewarm: compile one TileLang plan into TileLang's disk cache."""
     try:
-        from impls.tilelang import candidates as _candidates, compiler  # noqa: F401 (the candidates' programs)
+        from impls.tilelang import compiler
+        from impls.tilelang.candidates import register_programs
 
+        register_programs()  # a worker process: the candidates' programs among the builders
         compiler.compile_plan(plan)
     except Exception as exc:  # noqa: BLE001 (the probe reports it when it runs the candidate)
         return f"{plan.describe()}: {type(exc).__name__}: {exc}"[:300]
