@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 # (dtype, N, affine, M) of the Triton builds: three dtypes at short, padded, odd and long rows; no
 # affine and each affine part alone; few rows (the decode rule, and the dispatch's rowwise choice).
@@ -75,33 +76,18 @@ def ptx_code(ptx: str) -> str:
 
 
 @contextlib.contextmanager
-def patched(obj, **attrs):
-    old = {k: getattr(obj, k) for k in attrs if hasattr(obj, k)}
-    for k, v in attrs.items():
-        setattr(obj, k, v)
-    try:
-        yield
-    finally:
-        for k in attrs:
-            if k in old:
-                setattr(obj, k, old[k])
-            else:
-                delattr(obj, k)
-
-
-@contextlib.contextmanager
 def offline_gpu(kernel):
     """What the Triton launchers ask of a GPU, answered for an H200 (H200_PROPS) on CPU tensors."""
     import torch
 
     run_globals = getattr(type(kernel).run, "__globals__", {})
     with contextlib.ExitStack() as stack:
-        stack.enter_context(patched(torch.cuda, get_device_properties=lambda *a: H200_PROPS,
+        stack.enter_context(mock.patch.multiple(torch.cuda, create=True, get_device_properties=lambda *a: H200_PROPS,
                                     current_stream=lambda *a: SimpleNamespace(cuda_stream=0),
                                     is_current_stream_capturing=lambda: False, current_device=lambda: 0))
         if "programs_per_sm" in run_globals:
             module = sys.modules[type(kernel).run.__module__]
-            stack.enter_context(patched(module, programs_per_sm=lambda compiled, device: 1))
+            stack.enter_context(mock.patch.multiple(module, programs_per_sm=lambda compiled, device: 1))
             # Every build records the launch that sizes the grid too, whatever ran before it.
             run_globals.get("_RESIDENT_PROGRAMS", {}).clear()
         yield
@@ -190,7 +176,7 @@ def tilelang_source(kernel, build) -> str:
         made.append(compiled)
         return compiled
 
-    with patched(compiler, compile_plan=spy, ptxas_report=lambda compiled: _NoReport()):
+    with mock.patch.multiple(compiler, compile_plan=spy, ptxas_report=lambda compiled: _NoReport()):
         kernel.build_offline(build)
     return digest("\n".join(c.source() for c in made))
 
