@@ -163,7 +163,7 @@ def _load_named(files) -> dict[str, str]:
         registry.load_file(f)
         path = Path(f).resolve()
         shown = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-        module = f"normdiff_plugin_{path.stem}"  # the module name registry.load_file gives the file
+        module = registry.plugin_module(path)
         loads.update({k.backend: shown for k in registry.kernels() if type(k).__module__ == module})
     return loads
 

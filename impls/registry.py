@@ -54,12 +54,17 @@ def load_entry_points() -> None:
                 register(kernel)
 
 
+def plugin_module(path: str | Path) -> str:
+    """The module name a plug-in file is loaded as (its kernels' classes carry it)."""
+    return f"normdiff_plugin_{Path(path).stem}"
+
+
 def load_file(path: str | Path) -> None:
     """Import a Python file that registers kernels (it calls ``impls.registry.register``)."""
     path = Path(path).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"backend file {path} does not exist")
-    name = f"normdiff_plugin_{path.stem}"
+    name = plugin_module(path)
     loaded = sys.modules.get(name)
     if loaded is not None and Path(getattr(loaded, "__file__", "")) == path:
         return  # already loaded in this process: its kernels are registered
