@@ -95,7 +95,10 @@ def bench_context(request) -> BenchContext:
 def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     """One benchmark; a shape beyond the budget is skipped up front, and an out-of-memory is a
     resource event (a skip that says so), never the kernel's failure."""
-    if device_for(item.kernel) == "cuda":
+    # Only a kernel that runs on a GPU here consults its memory: a CUDA-only kernel on a machine
+    # without one goes on to runnable_spec, which skips it with the kernel's own reason.
+    on_gpu = device_for(item.kernel) == "cuda" and torch.cuda.is_available()
+    if on_gpu:
         why = ctx.fits(item.shape)
         if why:
             pytest.skip(why)
@@ -108,7 +111,7 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
             raise
         message = first_line(exc)[:300]
     budget = ""
-    if device_for(item.kernel) == "cuda":
+    if on_gpu:
         torch.cuda.empty_cache()
         budget = f" (budget {memory.fmt(ctx.budget())})"
     pytest.skip(f"{memory.OOM}{message}{budget}; not a result of the kernel's")

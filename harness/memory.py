@@ -6,7 +6,7 @@ out-of-memory told apart from a kernel's failure.
   oracle or its row chunks, the comparison's float64 temporaries, the outputs kept for the
   agreement matrix) and the kernel's own workspace (``NormKernel.workspace_bytes``). The formula
   is ``ESTIMATE_DOC`` below; tests/test_memory.py holds it against measured allocations.
-- **Budget** (``GpuLedger``): the workers of one GPU admit checks against one budget, by default
+- **Budget** (``harness.ledger.GpuLedger``): the workers of one GPU admit checks against one budget, by default
   the card's free memory when the run starts less a reserve (``--gpu-memory`` sets it). Each worker's
   entry counts what it holds between checks (its CUDA context and the caching allocator's
   reserved memory: cached oracle and kept outputs included) and, while a check runs, that
@@ -17,14 +17,10 @@ out-of-memory told apart from a kernel's failure.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -264,136 +260,3 @@ def workers_for(budget: int, wanted: int) -> int:
     """How many workers one GPU takes: ``wanted`` (its share of the cores), fewer where the budget
     cannot give each its context and WORKER_MIN_BYTES."""
     return max(1, min(wanted, budget // (CONTEXT_BYTES + WORKER_MIN_BYTES)))
-
-
-# -- the ledger one GPU's workers share ----------------------------------------------------------
-POLL_S = 0.05
-
-
-class GpuLedger:
-    """One JSON file per GPU, read and written under an exclusive ``flock``: each worker's entry
-    holds ``held`` (context + reserved, between checks), ``need`` (the running check's estimate,
-    0 when none), ``ticket`` (when it began to wait, None when not waiting) and ``alone``."""
-
-    def __init__(self, path: Path, worker: str):
-        self.path, self.worker = Path(path), worker
-
-    @staticmethod
-    def create(path: Path, budget: int) -> None:
-        tmp = Path(path).with_suffix(".tmp")
-        tmp.write_text(json.dumps({"budget": budget, "workers": {}}))
-        os.replace(tmp, path)
-
-    @contextlib.contextmanager
-    def _locked(self):
-        with open(self.path, "r+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                state = json.loads(f.read() or "{}")
-                self._prune(state)
-                yield state
-                f.seek(0)
-                f.truncate()
-                f.write(json.dumps(state))
-                f.flush()
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-
-    @property
-    def budget(self) -> int:
-        return json.loads(self.path.read_text())["budget"]
-
-    def _me(self, state: dict) -> dict:
-        me = state["workers"].setdefault(self.worker, {"held": CONTEXT_BYTES, "need": 0, "ticket": None,
-                                                       "alone": False, "need_wanted": 0})
-        me["pid"] = os.getpid()
-        return me
-
-    @staticmethod
-    def _prune(state: dict) -> None:
-        """A worker that died (a crash, a replaced worker) holds nothing any more."""
-        for name, w in list(state["workers"].items()):
-            pid = w.get("pid")
-            if pid is None or pid == os.getpid():
-                continue
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                del state["workers"][name]
-            except PermissionError:
-                pass
-
-    def set_held(self, held: int) -> None:
-        with self._locked() as st:
-            self._me(st)["held"] = int(held)
-
-    def leave(self) -> None:
-        with self._locked() as st:
-            st["workers"].pop(self.worker, None)
-
-    @staticmethod
-    def footprint(w: dict) -> int:
-        return max(w["held"], w["need"]) if w["need"] else w["held"]
-
-    def _fits(self, st: dict, need: int, alone: bool) -> bool:
-        me = self._me(st)
-        others = {k: w for k, w in st["workers"].items() if k != self.worker}
-        running = [w for w in others.values() if w["need"]]
-        if any(w["alone"] for w in running):
-            return False
-        if alone:
-            return not running
-        if not running:
-            # Nothing else runs: the check goes ahead whatever its size (the biggest run alone),
-            # unless an earlier waiter must run alone or first.
-            return not any(w["ticket"] is not None and w["ticket"] < me["ticket"] for w in others.values())
-        used = sum(self.footprint(w) for w in others.values())
-        mine = max(me["held"], need)
-        if used + mine > st["budget"]:
-            return False
-        # First come, first served: an earlier waiter must still fit beside this check.
-        for w in others.values():
-            if w["ticket"] is not None and w["ticket"] < me["ticket"]:
-                if w["alone"] or used + mine + max(w["held"], w.get("need_wanted", 0)) > st["budget"]:
-                    return False
-        return True
-
-    def admit(self, need: int, alone: bool = False, while_waiting=None) -> float:
-        """Wait until the check of ``need`` bytes (its estimate) fits beside what the other
-        workers hold, then mark it running; the seconds waited.
-        ``while_waiting()`` runs between polls (the worker hands its cached memory back) and
-        returns its new ``held``."""
-        need = int(need) + CONTEXT_BYTES  # the worker's context beside the check's allocations
-        started = time.monotonic()
-        ticket = time.time()
-        first = True
-        while True:
-            with self._locked() as st:
-                me = self._me(st)
-                if me["ticket"] is None:
-                    me["ticket"] = ticket
-                me["need_wanted"], me["alone"] = int(need), alone
-                if self._fits(st, need, alone):
-                    me.update(need=int(need), ticket=None)
-                    break
-            if first and while_waiting is not None:
-                held = while_waiting()
-                if held is not None:
-                    self.set_held(held)
-            first = False
-            time.sleep(POLL_S)
-        return time.monotonic() - started
-
-    def done(self, held: int) -> None:
-        """The check ended: its need goes, what the worker now holds stays."""
-        with self._locked() as st:
-            me = self._me(st)
-            me.update(need=0, held=int(held), ticket=None, alone=False)
-
-    def snapshot(self) -> dict:
-        with self._locked() as st:
-            return json.loads(json.dumps(st))
-
-
-def ledger_path(directory: Path, gpu: str) -> Path:
-    return Path(directory) / f"gpu{gpu}.ledger.json"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import memory
+from harness import ledger, memory
 from harness.isolation import first_line, release_gpu_memory
 from harness.memory import OOM, TOO_BIG, fmt
 
@@ -71,7 +71,7 @@ class MemoryWatch:
         self.worker = getattr(config, "workerinput", {}).get("workerid")
         self.dir = Path(config.workerinput["normdiff_dir"]) if self.worker else None
         self._ready = False
-        self.ledger: memory.GpuLedger | None = None
+        self.ledger: ledger.GpuLedger | None = None
         self.budget: int | None = None
         self.workers_on_gpu = 1
         self._alone: set = set()
@@ -89,9 +89,9 @@ class MemoryWatch:
         if self.asked:  # behave as a card of that size: every process's allocator capped at it
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.asked / total))
         token = self.config.workerinput.get("normdiff_gpu") if self.worker else None
-        path = memory.ledger_path(self.dir, token) if self.dir and token is not None else None
+        path = ledger.ledger_path(self.dir, token) if self.dir and token is not None else None
         if path is not None and path.exists():
-            self.ledger = memory.GpuLedger(path, self.worker)
+            self.ledger = ledger.GpuLedger(path, self.worker)
             self.budget = self.ledger.budget
             self.workers_on_gpu = max(1, int(self.config.workerinput.get("normdiff_workers_on_gpu", 1)))
         else:  # one process: the free memory now, its own context and cache included
@@ -281,7 +281,7 @@ class Ledgers:
     def __init__(self, config, directory: Path):
         self.config, self.budgets = config, getattr(config, "_normdiff_gpu_budgets", {}) or {}
         for token, budget in self.budgets.items():
-            memory.GpuLedger.create(memory.ledger_path(directory, token), budget)
+            ledger.GpuLedger.create(ledger.ledger_path(directory, token), budget)
 
     def pytest_configure_node(self, node):
         token = (node.gateway.spec.env or {}).get("CUDA_VISIBLE_DEVICES")

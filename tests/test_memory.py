@@ -15,7 +15,8 @@ from torch.utils._pytree import tree_flatten
 
 from harness import memory, properties, runner
 from harness.cases import backward_catalogue, catalogue
-from harness.memory import GIB, MIB, GpuLedger
+from harness.ledger import GpuLedger, ledger_path
+from harness.memory import GIB, MIB
 from harness.report import build_document, render_markdown
 from harness.report import memory as report_memory
 from impls import registry
@@ -299,7 +300,7 @@ def gpu_watch(tmp_path, fake, asked=None, budget=20 * GIB):
     case = next(c for c in catalogue("quick") if c.op == "rms_norm" and c.shape == (1025, 769))
     registry.load_builtins()
     kernel = next(k for k in registry.kernels(["triton"]) if k.op == "rms_norm")
-    GpuLedger.create(memory.ledger_path(tmp_path, "0"), budget)
+    GpuLedger.create(ledger_path(tmp_path, "0"), budget)
     config = SimpleNamespace(workerinput={"workerid": "gw0", "normdiff_dir": str(tmp_path), "normdiff_gpu": "0",
                                           "normdiff_workers_on_gpu": 2},
                              getoption=lambda name: asked if name == "gpu_memory" else None)
