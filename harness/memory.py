@@ -223,6 +223,11 @@ def measure_gpus(tokens: list[str]) -> dict[str, tuple[int, int]]:
     if fake:
         free, total = (parse_size(v) for v in fake.split(","))
         return {t: (free, total) for t in tokens}
+    from harness import devmem
+
+    card = devmem.simulated()
+    if card is not None:
+        return {t: card.mem_get_info() for t in tokens}
     code = ("import torch\nfor i in range(torch.cuda.device_count()):\n"
             "    f, t = torch.cuda.mem_get_info(i); print(f, t)")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(tokens)}

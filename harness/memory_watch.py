@@ -2,7 +2,9 @@
 alone, and memory a kernel keeps after its call (harness.memory has the estimate and the ledger).
 
 Registered by harness.plugin in each process that runs checks (an xdist worker, or the one
-process of ``-n 0``). A check on the CPU passes through untouched.
+process of ``-n 0``). Every question about device memory goes through harness.devmem's card: the
+CUDA device, or under ``--simulate-gpu`` a simulated one for the CPU's checks; a check with no card
+(the CPU, not simulating) passes through untouched.
 """
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import ledger, memory
-from harness.isolation import first_line, release_gpu_memory
+from harness import devmem, ledger, memory
+from harness.isolation import first_line
 from harness.memory import OOM, TOO_BIG, fmt
 
 # Memory a check leaves allocated beyond the harness's own caches, counted from this much per check.
@@ -31,16 +33,18 @@ def register_cache(name: str, objects, forget) -> None:
     CACHES[name] = (objects, forget)
 
 
-def cache_bytes() -> int:
-    """Bytes of the CUDA tensors the registered caches hold (each storage once)."""
+def cache_bytes(card=None) -> int:
+    """Bytes of the device tensors the registered caches hold (each storage once): CUDA's, or the
+    CPU's where ``card`` is a simulated GPU."""
     torch = sys.modules.get("torch")
+    on_card = (lambda t: t.device.type == "cpu") if card is not None and card.simulated else (lambda t: t.is_cuda)
     seen: dict[int, int] = {}
 
     def walk(obj, depth=0):
         if depth > 6 or obj is None:
             return
         if isinstance(obj, torch.Tensor):
-            if obj.is_cuda:
+            if on_card(obj):
                 st = obj.untyped_storage()
                 seen[st.data_ptr()] = st.nbytes()
         elif isinstance(obj, dict):
@@ -71,6 +75,7 @@ class MemoryWatch:
         self.worker = getattr(config, "workerinput", {}).get("workerid")
         self.dir = Path(config.workerinput["normdiff_dir"]) if self.worker else None
         self._ready = False
+        self.card = None
         self.ledger: ledger.GpuLedger | None = None
         self.budget: int | None = None
         self.workers_on_gpu = 1
@@ -79,34 +84,36 @@ class MemoryWatch:
         self._before = 0
 
     # -- set-up, on the first check that runs on the GPU --------------------------------------
-    def _setup(self) -> None:
+    def _setup(self, card) -> None:
+        """The card, the budget and the ledger, once per worker; ready only when all of it is
+        (a step that raises leaves the worker not ready, and the next check sets up again)."""
         if self._ready:
             return
-        import torch
-
-        free, total = torch.cuda.mem_get_info()
-        self._ready = True
+        card.track()
+        free, total = card.mem_get_info()
         if self.asked:  # behave as a card of that size: every process's allocator capped at it
-            torch.cuda.set_per_process_memory_fraction(min(1.0, self.asked / total))
-        token = self.config.workerinput.get("normdiff_gpu") if self.worker else None
-        path = ledger.ledger_path(self.dir, token) if self.dir and token is not None else None
-        if path is not None and path.exists():
-            self.ledger = ledger.GpuLedger(path, self.worker)
-            self.budget = self.ledger.budget
-            self.workers_on_gpu = max(1, int(self.config.workerinput.get("normdiff_workers_on_gpu", 1)))
+            card.set_per_process_memory_fraction(min(1.0, self.asked / total))
+        facts = getattr(self.config, "workerinput", {}) if self.worker else {}
+        token, budget = facts.get("normdiff_gpu"), facts.get("normdiff_gpu_budget")
+        if self.dir and token is not None and budget is not None:
+            # The controller measured the budget once and wrote the ledger before any worker began.
+            self.ledger = ledger.GpuLedger(ledger.ledger_path(self.dir, token), self.worker)
+            self.budget = int(budget)
+            self.workers_on_gpu = max(1, int(facts.get("normdiff_workers_on_gpu", 1)))
         else:  # one process: the free memory now, its own context and cache included
-            self.budget = memory.default_budget(free + torch.cuda.memory_reserved() + memory.CONTEXT_BYTES, self.asked)
+            self.budget = memory.default_budget(free + card.memory_reserved() + memory.CONTEXT_BYTES, self.asked)
+        self.card, self._ready = card, True
+
+    def reset(self) -> None:
+        """After a harness error: the next check sets the worker up afresh."""
+        self._ready, self.card, self.ledger, self.budget = False, None, None, None
 
     def _held(self) -> int:
-        import torch
-
-        return memory.CONTEXT_BYTES + torch.cuda.memory_reserved()
+        return memory.CONTEXT_BYTES + self.card.memory_reserved()
 
     def _hand_back(self) -> int:
         """While waiting for memory: the allocator's unused cache goes back to the driver."""
-        import torch
-
-        torch.cuda.empty_cache()
+        self.card.empty_cache()
         return self._held()
 
     def _must_run_alone(self, nodeid: str) -> bool:
@@ -139,12 +146,13 @@ class MemoryWatch:
         if subject is None:
             return None
         rec, kernel, case, device = subject
-        gpu = device == "cuda" and _cuda_available()  # a CUDA-only kernel without a GPU skips in its check
+        card = devmem.card_for(device)  # None: a CUDA-only kernel without a GPU skips in its check
+        gpu = card is not None
         self._before = None
         est = self.estimate(rec, kernel, case)
         fields: dict = {}
         if gpu:
-            self._setup()
+            self._setup(card)
             fields.update(mem_estimate=est.total, mem_budget=self.budget)
             if est.total + memory.CONTEXT_BYTES > self.budget:
                 self._record(pyfuncitem, fields)
@@ -171,10 +179,8 @@ class MemoryWatch:
             else:
                 raise self._give_up(events)
         finally:
-            if gpu:
-                import torch
-
-                fields.update(mem_peak=torch.cuda.max_memory_allocated(), mem_wait_s=round(waited, 3))
+            if gpu and self._before is not None:
+                fields.update(mem_peak=self.card.max_memory_allocated(), mem_wait_s=round(waited, 3))
             if events:
                 fields["oom_events"] = events
             if fields:
@@ -185,10 +191,8 @@ class MemoryWatch:
 
     def _start(self, gpu: bool) -> None:
         if gpu:
-            import torch
-
-            self._before = torch.cuda.memory_allocated() - cache_bytes()
-            torch.cuda.reset_peak_memory_stats()
+            self._before = self.card.memory_allocated() - cache_bytes(self.card)
+            self.card.reset_peak_memory_stats()
 
     def _admit(self, need: int, alone: bool, gpu: bool) -> float:
         if self.ledger is None or not gpu:
@@ -201,9 +205,7 @@ class MemoryWatch:
         event = {"attempt": attempt, "asked": asked, "estimate": est.total, "budget": self.budget,
                  "message": message[:400]}
         if gpu:
-            import torch
-
-            event["allocated"] = torch.cuda.memory_allocated()
+            event["allocated"] = self.card.memory_allocated()
         limit = est.total
         if asked is not None and asked > limit:
             event["over_allocation"] = (f"{kernel.name} asked for {fmt(asked)} in one allocation, more than its "
@@ -222,9 +224,7 @@ class MemoryWatch:
         forget_caches()
         gc.collect()
         if gpu:
-            import torch
-
-            torch.cuda.empty_cache()
+            self.card.empty_cache()
 
     @staticmethod
     def _record(item, fields: dict) -> None:
@@ -235,10 +235,8 @@ class MemoryWatch:
     def pytest_runtest_teardown(self, item, nextitem):
         yield
         subject = self._subject(item) if self._ready else None
-        if subject is None or subject[3] != "cuda":
+        if subject is None or devmem.card_for(subject[3]) is None:
             return
-        import torch
-
         rec = subject[0]
         nxt = self.state.records.get(nextitem.nodeid, {}) if nextitem is not None else {}
         if nxt.get("case") != rec.get("case"):
@@ -249,22 +247,28 @@ class MemoryWatch:
             sys.last_exc = None
         if self._before is None:  # skipped before it ran
             return self._update_held()
-        retained = torch.cuda.memory_allocated() - cache_bytes() - self._before
+        retained = self.card.memory_allocated() - cache_bytes(self.card) - self._before
         if retained >= RETAINED_MIN:
             gc.collect()
-            retained = torch.cuda.memory_allocated() - cache_bytes() - self._before
+            retained = self.card.memory_allocated() - cache_bytes(self.card) - self._before
         if retained >= RETAINED_MIN:
             item.user_properties.append(("normdiff_after", {"mem_retained": retained}))
         self._update_held()
 
     def _update_held(self) -> None:
         """Hand back cache beyond this worker's share of the budget, then tell the ledger what it holds."""
-        release_gpu_memory(keep_bytes=(self.budget or 0) // (8 * self.workers_on_gpu))
+        keep = (self.budget or 0) // (8 * self.workers_on_gpu)
+        if self.card.memory_reserved() - self.card.memory_allocated() > keep:
+            self.card.empty_cache()
         if self.ledger is not None:
             self.ledger.set_held(self._held())
 
 
 def addoption(group) -> None:
+    group.addoption("--simulate-gpu", default=None, metavar="SIZE",
+                    help="on a machine without a GPU: run the checks on the CPU while the memory layer (budget, "
+                         "ledger, admission, retry alone, peaks) behaves as one GPU of SIZE (e.g. 24GiB) shared "
+                         "by the run's workers")
     group.addoption("--gpu-memory", default=None, metavar="SIZE",
                     help="GPU memory the run may use per GPU, e.g. 24GiB (default: what is free when the run "
                          "starts, less a reserve); each process is capped at it too, so a larger card behaves "
@@ -272,6 +276,29 @@ def addoption(group) -> None:
     group.addoption("--min-check-memory", default=None, metavar="SIZE",
                     help="run only the checks estimated to need at least SIZE of GPU memory (e.g. 1GiB beside "
                          "--gpu-memory: the checks where memory decides); the others are deselected")
+
+
+def configure_simulation(config) -> None:
+    """``--simulate-gpu SIZE`` (the controller, or the one process, before any worker starts): this
+    process and every worker it starts simulate one GPU of SIZE (harness.devmem)."""
+    asked = config.getoption("simulate_gpu", None)
+    if not asked or hasattr(config, "workerinput"):
+        return
+    from impls.base import cuda_present
+
+    if cuda_present():
+        raise pytest.UsageError("--simulate-gpu is for a machine without a GPU, and this one has one: "
+                                "use --gpu-memory SIZE to run as a card of SIZE")
+    try:
+        size = memory.parse_size(asked)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--simulate-gpu: {exc}") from exc
+    if size < memory.CONTEXT_BYTES + memory.WORKER_MIN_BYTES:
+        raise pytest.UsageError(f"--simulate-gpu {asked}: a card must hold at least one worker's context and "
+                                f"{memory.fmt(memory.WORKER_MIN_BYTES)} besides ({memory.fmt(memory.CONTEXT_BYTES + memory.WORKER_MIN_BYTES)})")
+    import tempfile
+
+    devmem.simulate(size, Path(tempfile.mkdtemp(prefix="normdiff-simulated-gpu-")))
 
 
 class Ledgers:
@@ -287,6 +314,7 @@ class Ledgers:
         token = (node.gateway.spec.env or {}).get("CUDA_VISIBLE_DEVICES")
         if token in self.budgets:
             node.workerinput["normdiff_gpu"] = token
+            node.workerinput["normdiff_gpu_budget"] = self.budgets[token]
             specs = self.config.option.tx or []
             node.workerinput["normdiff_workers_on_gpu"] = sum(1 for s in specs if s.endswith(f"={token}")) or 1
 
@@ -330,11 +358,6 @@ def deselect_below(state, items) -> None:
     if drop:
         state.config.hook.pytest_deselected(items=drop)
         items[:] = [i for i in items if not marked[i.nodeid]]
-
-
-def _cuda_available() -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_available()
 
 
 def retryable_oom(exc: BaseException) -> bool:

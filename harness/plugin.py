@@ -66,6 +66,7 @@ def backend_help() -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
+    memory_watch.configure_simulation(config)
     workers.plan_workers(config)
 
 
@@ -98,6 +99,7 @@ def pytest_configure(config):
         "profile": profile,
         "fuzz_seed": config.getoption("fuzz_seed"),
         "gpu_memory": config.getoption("gpu_memory"),
+        "simulate_gpu": config.getoption("simulate_gpu"),
     }
     state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config,
                          backward_cases=backward_cases, batch_cases=properties.batch_cases(profile),

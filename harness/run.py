@@ -109,6 +109,13 @@ def invocation(config) -> str:
     return "pytest " + " ".join(shlex.quote(a) for a in config.invocation_params.args)
 
 
+def _simulated_gpu() -> str | None:
+    from harness import devmem
+
+    card = devmem.simulated()
+    return f"none: a simulated GPU of {card.size / 2**30:g} GiB (--simulate-gpu; checks run on the CPU)" if card else None
+
+
 def environment(kernels=()) -> dict:
     """What a report names about the machine and software; ``versions``: the distributions the
     run's kernels declare (``NormKernel.packages``), as installed."""
@@ -128,7 +135,7 @@ def environment(kernels=()) -> dict:
         "torch": torch.__version__,
         "versions": ", ".join(f"{p} {version(p)}" for p in packages) or None,
         "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else _simulated_gpu(),
         "triton_interpret": os.environ.get("TRITON_INTERPRET"),
         # What a reproduce command must set again (harness.report.repro_command).
         "repro_env": {k: os.environ[k] for k in REPRO_ENV if os.environ.get(k)},

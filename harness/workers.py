@@ -26,6 +26,10 @@ def visible_gpus() -> list[str]:
     fake = os.environ.get(FAKE_GPUS_ENV)
     if fake:
         return [str(i) for i in range(int(fake))]
+    from harness import devmem
+
+    if devmem.simulated() is not None:
+        return ["0"]
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     from impls.base import cuda_present
 
