@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import isolation, memory_watch, properties, scheduling, workers
+from harness import attribution, isolation, memory_watch, properties, scheduling, workers
 from harness.cases import DTYPES, Case, backward_catalogue, catalogue
 from harness.controller import Controller
 from harness.progress import Progress
@@ -117,7 +117,14 @@ def pytest_configure(config):
         memory_watch.register_cache("the checks' oracle and kept outputs",
                                     lambda: (state.oracle, state._last_outputs, state._last_scales),  # noqa: SLF001
                                     state.forget_case)
-        config.pluginmanager.register(memory_watch.MemoryWatch(config, state), "normdiff-memory")
+        watch = memory_watch.MemoryWatch(config, state)
+        config.pluginmanager.register(watch, "normdiff-memory")
+
+        def recover() -> None:  # after a harness error: the next check starts from a clean worker
+            state.forget_case()
+            watch.reset()
+
+        config.pluginmanager.register(attribution.Attribution(state, recover), "normdiff-attribution")
     _start_profile(config)
 
 

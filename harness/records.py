@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import isolation, memory, memory_watch, scheduling
+from harness import attribution, isolation, memory, memory_watch, scheduling
 from harness.cases import Case
 from harness.controller import NOT_RUN
 from harness.run import is_benchmark_run, write_partial
@@ -124,6 +124,10 @@ def fold_report(state, report) -> None:
     elif crash is not None:
         rec.update(outcome="failed", failure_kind=crash["kind"], crash=crash,
                    message=str(report.longrepr))
+    elif (error := dict(report.user_properties).get(attribution.PROPERTY)) is not None:
+        if rec.get("outcome") != "failed":  # a kernel's failure in the call stands; the error is noted
+            rec.update(outcome=attribution.HARNESS_ERROR, message=str(report.longrepr)[-3000:])
+        rec.setdefault("harness_errors", []).append(error)
     elif report.skipped and hasattr(report, "wasxfail"):  # a declared known issue, failing as declared
         rec.update(outcome="known issue", reason=report.wasxfail)
     elif report.skipped:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from collections import Counter, defaultdict
 
+from harness.attribution import HARNESS_ERROR
 from harness.report import memory, properties
 from harness.report.markdown import fmt, table
 
@@ -43,6 +44,9 @@ def repro_command(doc: dict, rec: dict) -> str:
     parts = [*prefix, "pytest", shlex.quote(rec["nodeid"]), "--backend", backend, "--profile", sel.get("profile", "quick")]
     for f in sel.get("backend_file") or ():
         parts += ["--backend-file", shlex.quote(f)]
+    for option in ("gpu_memory", "simulate_gpu"):  # the memory layer's setting, where a check's fate may lie
+        if sel.get(option):
+            parts += [f"--{option.replace('_', '-')}", shlex.quote(str(sel[option]))]
     if rec.get("test") == "test_fuzz" and sel.get("fuzz_seed"):
         parts += ["--fuzz-seed", str(sel["fuzz_seed"])]
     return " ".join(parts)
@@ -86,8 +90,9 @@ def render_summary(records: list[dict]) -> list[str]:
     kinds = Counter(r["failure_kind"] for r in records if r.get("outcome") == "failed" and r.get("failure_kind"))
     not_run = total["not run"]
     oom = total["out of memory"]
+    errors = total[HARNESS_ERROR]
     lines.append(
-        f"**{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped"
+        f"**{total['passed']} passed, {total['failed']} failed, {errors} harness errors, {total['skipped']} skipped"
         + (f", {oom} out of memory (retried alone and out of memory again: neither passed nor failed)" if oom else "")
         + (f", {known} known issues (declared, failing as declared)" if known else "")
         + (f", {not_run} not run (their kernel crashed too often)" if not_run else "")
@@ -101,8 +106,12 @@ def render_summary(records: list[dict]) -> list[str]:
                      "charged alone and the run went on)." if crashes else ".")]
     lines.append("")
     extra = (["known issue"] if known else []) + (["not run"] if not_run else []) + (["out of memory"] if oom else [])
-    lines += table(["kernel", "op", "check", "passed", "failed", "skipped", *extra], [
-        [k, op, test, c["passed"], c["failed"], c["skipped"], *(c[e] for e in extra)]
+    if errors:
+        lines += ["", f"**{errors} harness errors**: the harness failed around these checks, not the kernels "
+                  "(an exception with no frame in the kernel's call); never counted against a kernel, and the run "
+                  "exits non-zero. They head *Failures*.", ""]
+    lines += table(["kernel", "op", "check", "passed", "failed", "harness errors", "skipped", *extra], [
+        [k, op, test, c["passed"], c["failed"], c[HARNESS_ERROR], c["skipped"], *(c[e] for e in extra)]
         for (k, op, test), c in sorted(counts.items())
     ])
     return lines
@@ -164,14 +173,34 @@ def render_known_issues(records: list[dict]) -> list[str]:
 def render_failures(doc: dict, records: list[dict]) -> list[str]:
     """The failures grouped by kind and message, then each with what failed and how to reproduce it."""
     failures = [r for r in records if r.get("outcome") == "failed"]
+    errors = [r for r in records if r.get("outcome") == HARNESS_ERROR]
     lines = ["", f"## Failures ({len(failures)})", ""]
+    lines += render_harness_errors(doc, errors)
     if not failures:
-        lines.append("None.")
+        lines.append("None." if not errors else "No kernel failed.")
     lines += memory.render_groups(memory.groups(records, ("failed",)), table)
     if failures:
         lines += ["", "Each failure:", ""]
     for r in failures:
         lines += render_failure(doc, r)
+    return lines
+
+
+def render_harness_errors(doc: dict, errors: list[dict]) -> list[str]:
+    """The harness's own errors, grouped by error and place, each check named with its reproduction."""
+    if not errors:
+        return []
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in errors:
+        e = (r.get("harness_errors") or [{}])[0]
+        groups[(e.get("error", "?"), e.get("where", "?"), e.get("phase", "?"))].append(r)
+    lines = [f"### Harness errors ({len(errors)}): not the kernels'", "",
+             "Raised outside every kernel's call (harness/attribution.py has the rule): a defect of normdiff, "
+             "to be reported; the kernels' outcomes in these checks are unknown.", ""]
+    lines += table(["error", "where", "phase", "checks", "first"], [
+        [err.replace("|", "\\|"), f"`{where}`", phase, len(rs), f"`{rs[0]['nodeid'].split('::')[-1]}`"]
+        for (err, where, phase), rs in sorted(groups.items(), key=lambda g: -len(g[1]))])
+    lines += ["", "Reproduce the first:", "", "```", repro_command(doc, errors[0]), "```", ""]
     return lines
 
 

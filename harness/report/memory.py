@@ -87,7 +87,12 @@ def render_memory(doc: dict, table) -> list[str]:
     events = [(r, e) for r in records for e in r.get("oom_events") or ()]
     if not gpu and not events:
         return []
+    simulated = (doc.get("selection") or {}).get("simulate_gpu")
     lines = ["", "## GPU memory", ""]
+    if simulated:
+        lines += [f"> **A simulated GPU of {simulated}** (`--simulate-gpu`): the checks ran on the CPU while the "
+                  "budget, the ledger, admission and the retry alone ran as on one GPU; a peak is what the CPU "
+                  "kernels allocated through torch's dispatcher, not what a GPU kernel would.", ""]
     budgets = sorted({r["mem_budget"] for r in gpu if r.get("mem_budget")})
     if budgets:
         asked = (doc.get("selection") or {}).get("gpu_memory")
@@ -104,7 +109,8 @@ def render_memory(doc: dict, table) -> list[str]:
     lines += _render_events(records, events, table)
     lines += render_groups(groups(records, ("out of memory",)), table)
     if gpu:
-        lines += _render_peaks(gpu, table)
+        lines += _render_peaks(gpu, table, "the simulated card's allocated bytes" if simulated
+                               else "`torch.cuda.max_memory_allocated`")
         lines += _render_retained(records, table)
     return lines
 
@@ -131,14 +137,14 @@ def _render_events(records, events, table) -> list[str]:
     return lines
 
 
-def _render_peaks(gpu, table) -> list[str]:
+def _render_peaks(gpu, table, how: str) -> list[str]:
     over = sorted((r for r in gpu if r.get("mem_peak") and r["mem_peak"] > r["mem_estimate"]),
                   key=lambda r: -r["mem_peak"] / max(1, r["mem_estimate"]))
     if not over:
-        return ["", f"Measured peak (`torch.cuda.max_memory_allocated` around each check): every one of {len(gpu)} "
+        return ["", f"Measured peak ({how} around each check): every one of {len(gpu)} "
                 "checks within its estimate."]
     lines = ["", f"**{len(over)} of {len(gpu)} checks passed their estimate** (measured peak, "
-             "`torch.cuda.max_memory_allocated` around the check):", ""]
+             f"{how} around the check):", ""]
     lines += table(["check", "kernel", "estimate", "peak", "peak / estimate"], [
         [f"`{r['nodeid'].split('::')[-1]}`", r.get("kernel"), fmt(r["mem_estimate"]), fmt(r["mem_peak"]),
          f"{r['mem_peak'] / max(1, r['mem_estimate']):.2f}"] for r in over[:PEAK_ROWS]])
