@@ -121,6 +121,7 @@ def test_the_stress_fails_against_the_racy_commits_ledger(tmp_path):
     """The regression test proper: the ledger as it was at RACY_COMMIT, taken from git, fails it."""
     import importlib.util
     import subprocess
+    import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -132,6 +133,7 @@ def test_the_stress_fails_against_the_racy_commits_ledger(tmp_path):
     source.write_text(shown.stdout)
     spec = importlib.util.spec_from_file_location("racy_memory", source)
     racy = importlib.util.module_from_spec(spec)
+    sys.modules["racy_memory"] = racy  # its dataclasses, and the pool's pickles, look it up there
     spec.loader.exec_module(racy)
     errors = []
     for attempt in range(3):
