@@ -4,8 +4,9 @@ out-of-memory told apart from a kernel's failure.
 - **Estimate** (``check_estimate``): the device bytes a check needs at its peak, from its case
   (x, the outputs and statistics, the guards' canaried buffers and input snapshot, the float64
   oracle or its row chunks, the comparison's float64 temporaries, the outputs kept for the
-  agreement matrix) and the kernel's own workspace (``NormKernel.workspace_bytes``). The formula
-  is ``ESTIMATE_DOC`` below; tests/test_memory.py holds it against measured allocations.
+  agreement matrix, what the worker still holds of the case's earlier checks) and the kernel's
+  own workspace (``NormKernel.workspace_bytes``): harness.estimate, whose ``ESTIMATE_DOC`` is the
+  formula; tests/test_memory.py and tests/test_estimates.py hold it against measured allocations.
 - **Budget** (``harness.ledger.GpuLedger``): the workers of one GPU admit checks against one budget, by default
   the card's free memory when the run starts less a reserve (``--gpu-memory`` sets it). Each worker's
   entry counts what it holds between checks (its CUDA context and the caching allocator's
@@ -21,7 +22,6 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 MIB, GIB = 2**20, 2**30
@@ -62,120 +62,8 @@ def fmt(n: float | None) -> str:
     return f"{n / MIB:.0f} MiB" if abs(n) >= MIB else f"{n / 1024:.0f} KiB"
 
 
-# -- the estimate -------------------------------------------------------------------------------
-# Per element of the compared output, the float64 temporaries a comparison holds at once
-# (harness.compare.compare: o, err, u, allowed, ratio, score and where()'s result; the
-# rounding contract's and the agreement's as many again at most).
-COMPARE_F64 = 10
-# The float64 oracle while it is computed (harness/impls reference: x64, x - mean, its square, y).
-ORACLE_F64 = 4
-# A kernel that declares no workspace: a y of its own and two float32 copies of x (an eager
-# composite upcasts, a compiled graph keeps float32 intermediates).
-DEFAULT_WORKSPACE_F32 = 2
-# The backward oracle: dx, x^, g and the allowances' per-element terms (harness.compare_backward).
-BACKWARD_ORACLE_F64 = 5
-BITS_BYTES_PER_ELEMENT = 25  # bit_diffs: two int64 views, a bool mask, and 8 B more where they differ
-FIXED_BYTES = 1 * MIB  # scalars, row statistics and the allocator's rounding of many small tensors
-PROJECT_WORKSPACE = 16 * MIB  # a project kernel's split partials and launch scratch, besides 64 B a row
-SMALL_TEST_BYTES = 64 * MIB  # a check on fixed small inputs (bad input, output shapes, offline compile)
-FUZZ_BYTES = 256 * MIB  # a drawn case (harness/test_fuzz: at most 2**16 elements each)
-
-ESTIMATE_DOC = """\
-E = rows x N elements, S = rows x (N + pad) stored, B = the dtype's bytes, R = rows, C = the
-elements judged at once (E, or a row chunk of ORACLE_CHUNK_ELEMENTS beyond ORACLE_WHOLE_ELEMENTS);
-peers = the run's other kernels of the op (the agreement matrix keeps their outputs; whole oracles only).
-  inputs     S*B (x) + 2*N*B (weight, bias); backward: + S*B (dy) + S*B (the guard's snapshot of dy)
-  snapshot   S*B + 2*N*B (guards.snapshot_inputs)
-  outputs    R*(N+16)*B + 8*R (canaried y or dx, mean, rstd) + the kernel's workspace
-             (declared, else a project kernel 16 MiB + 64*R; any other E*B + 2*4*E + 8*R: a y of
-             its own, float32 copies of x)
-  oracle     8*E + 16*R kept (whole oracles); backward: 5*8*E (dx, x^, g, the allowances' terms)
-  fixed      1 MiB (scalars, row statistics, the allocator's rounding)
-  work       max(ORACLE_F64, COMPARE_F64) * 8*C (float64 temporaries of making or judging)
-  kept       per peer R*(N+16)*B + 8*R (+ 8*E for a rounding contract's extra in 16-bit with a
-             weight; backward: dx, dw, db), + 8*E (the agreement's allowance)
-determinism and batch invariance: inputs + 3 x outputs + workspace + S*B (a batch's copy of x)
-  + 25*E (the bit comparison: two int64 views, a mask, a distance); backward: + outputs (the saved
-  forward) + 8*S (dy drawn in float64); drawn cases FUZZ_BYTES; small checks SMALL_TEST_BYTES.
-"""
-
-
-@dataclass
-class Estimate:
-    total: int
-    parts: dict[str, int] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        return ", ".join(f"{k} {fmt(v)}" for k, v in self.parts.items() if v)
-
-
-def _whole_and_chunk(case) -> tuple[bool, int]:
-    from harness.runner import ORACLE_CHUNK_ELEMENTS, ORACLE_WHOLE_ELEMENTS
-
-    e = case.rows * case.n
-    if e > ORACLE_WHOLE_ELEMENTS:
-        return False, max(1, ORACLE_CHUNK_ELEMENTS // case.n) * case.n
-    return True, e
-
-
-def check_estimate(test: str, case, kernel, peers=(), device: str = "cuda") -> Estimate:
-    """The device bytes check ``test`` of ``kernel`` on ``case`` needs at its peak (ESTIMATE_DOC);
-    ``peers``: the run's other kernels of the op, whose outputs the agreement matrix may keep."""
-    if case is None or test in ("test_rejects_bad_input", "test_empty_batch_returns_empty_outputs",
-                                "test_output_shapes_follow_input", "test_compiles_offline"):
-        return Estimate(SMALL_TEST_BYTES, {"fixed": SMALL_TEST_BYTES})
-    if test in ("test_fuzz", "test_fuzz_backward"):
-        return Estimate(FUZZ_BYTES, {"fixed": FUZZ_BYTES})
-    b, n, r = case.torch_dtype.itemsize, case.n, case.rows
-    e, s = r * n, r * (n + case.row_pad)
-    backward = test.startswith("test_backward")
-    inputs = s * b + 2 * n * b + (2 * s * b if backward else 0)
-    snapshot = s * b + 2 * n * b
-    outputs = r * (n + 16) * b + 8 * r
-    workspace = workspace_bytes(kernel, case, device)
-    parts = {"inputs": inputs, "fixed": FIXED_BYTES}
-    if test in ("test_deterministic", "test_backward_deterministic", "test_batch_invariant",
-                "test_backward_batch_invariant"):
-        # three calls' outputs, a batch's copy of x, and the bit comparison (harness.properties.bit_diffs:
-        # both outputs as int64, their mask, the ordered distance where they differ)
-        parts.update(outputs=3 * outputs, workspace=workspace, copy=s * b, bits=BITS_BYTES_PER_ELEMENT * e)
-        if backward:
-            parts.update({"saved forward": outputs, "dy draw": 8 * s})
-        return Estimate(sum(parts.values()), parts)
-    whole, chunk = _whole_and_chunk(case)
-    oracle = (BACKWARD_ORACLE_F64 * 8 * e if backward else 8 * e + 16 * r) if whole else 0
-    work = max(ORACLE_F64, COMPARE_F64) * 8 * chunk + (0 if whole else 8 * chunk + 16 * chunk // n)
-    kept = sum(_kept_by(p, case, outputs, backward) for p in peers) + 8 * e if whole else 0
-    parts.update(snapshot=snapshot, outputs=outputs, workspace=workspace, oracle=oracle, work=work, kept=kept)
-    if backward:
-        parts["saved forward"] = outputs
-    return Estimate(sum(parts.values()), parts)
-
-
-def _kept_by(peer, case, outputs: int, backward: bool) -> int:
-    """What the agreement matrix keeps of another kernel that ran the case: its outputs, and
-    y's float64 extra allowance where its rounding contract has one."""
-    e = case.rows * case.n
-    if backward:
-        return outputs + 8 * case.n * 2 if getattr(peer, "has_backward", True) else 0
-    extra = (getattr(peer, "rounding", "once") != "once" and case.dtype != "float32" and case.has_weight)
-    return outputs + (8 * e if extra else 0)
-
-
-def workspace_bytes(kernel, case, device: str = "cuda") -> int:
-    """The kernel's workspace for the case: what it declares (an optional ``workspace_bytes(spec)``
-    method, for a kernel with large scratch buffers), else by kind. A project kernel writes into
-    the outputs it is given and keeps only per-row partials; any other (eager, apex, a compiled
-    graph, an outside backend) allocates its own y and statistics and may upcast x to float32."""
-    declared = getattr(kernel, "workspace_bytes", None)
-    if declared is not None:
-        got = declared(case.spec(device))
-        if got is not None:
-            return int(got)
-    e, r = case.rows * case.n, case.rows
-    if getattr(kernel, "project", False):
-        return PROJECT_WORKSPACE + 64 * r
-    return e * case.torch_dtype.itemsize + DEFAULT_WORKSPACE_F32 * 4 * e + 8 * r
+# -- the estimate: harness.estimate (re-exported here for memory_watch and the tests) -------------
+from harness.estimate import ESTIMATE_DOC, Estimate, check_estimate, workspace_bytes  # noqa: E402,F401
 
 
 # -- out of memory ------------------------------------------------------------------------------

@@ -34,6 +34,9 @@ from impls.base import DEFAULT_EPS, NormGrads, NormKernel, NormOutputs, NormSpec
 from impls.registry import register
 
 _PROBES: dict[str, str | None] = {}  # device type -> why Inductor cannot compile there, or None
+# While it tunes a new compile on a GPU, Inductor's benchmarker flushes the L2 cache with a buffer
+# of the cache's size (50 MiB on an H100): room for an L2 of up to this.
+INDUCTOR_FLUSH_BYTES = 128 * 2**20
 
 
 def _device() -> str:
@@ -126,6 +129,14 @@ class _TorchCompile(NormKernel):
     def stat_dtype(self, dtype: torch.dtype, device: str) -> torch.dtype:
         # Inductor's LayerNorm decomposition keeps aten's convention: input dtype on the CPU.
         return torch.float32 if device == "cuda" else dtype
+
+    def workspace_bytes(self, spec: NormSpec) -> int:
+        """Device bytes a call may allocate beyond its outputs (harness.estimate): a y of its own
+        and float32 copies of x (the backward's autograd through the compiled forward, the
+        tuner's copies of the outputs it writes), and on a GPU Inductor's L2 flush buffer."""
+        e = spec.rows * spec.n
+        own = e * spec.dtype.itemsize + 2 * 4 * e + 8 * spec.rows
+        return own + (INDUCTOR_FLUSH_BYTES if spec.device == "cuda" else 0)
 
     def compiled_classes(self) -> int:
         """How many shape classes have been compiled in this process."""

@@ -81,23 +81,29 @@ def test_estimate_covers_measured_allocations(op):
             calls[test](case)
         est = memory.check_estimate(test, case, k)
         assert live.peak <= est.total, f"{test} {case.id}: measured {live.peak} > estimate {est.total} ({est.describe()})"
-        assert est.total < 8 * live.peak + 2 * MIB, f"{test} {case.id}: estimate {est.total} far above {live.peak}"
+        own = est.total - est.parts["worker"]  # the worker's own buffers are no allocation of the check's
+        assert own < 8 * live.peak + 2 * MIB, f"{test} {case.id}: estimate {own} far above {live.peak} ({est.describe()})"
 
 
 def formula(test, case, peers_kept: int) -> int:
-    """ESTIMATE_DOC, written out again: the forward and backward oracle checks."""
+    """ESTIMATE_DOC, written out again: the forward and backward oracle checks of an eager kernel
+    (statistics in float32) beside peers of rounding "once"."""
     b, n, r = case.torch_dtype.itemsize, case.n, case.rows
     e, s = r * n, r * (n + case.row_pad)
     back = test == "test_backward"
-    inputs = s * b + 2 * n * b + (2 * s * b if back else 0)
-    outputs = r * (n + 16) * b + 8 * r
-    workspace = e * b + 2 * 4 * e + 8 * r
+    x, outputs, workspace = s * b + 2 * n * b, r * (n + 16) * b + 8 * r, e * b + 2 * 4 * e + 8 * r
     whole = e <= runner.ORACLE_WHOLE_ELEMENTS
     chunk = e if whole else (runner.ORACLE_CHUNK_ELEMENTS // n) * n
-    oracle = ((5 * 8 * e) if back else 8 * e + 16 * r) if whole else 0
     work = 10 * 8 * chunk + (0 if whole else 8 * chunk + 16 * (chunk // n))
-    kept = (peers_kept * (outputs + (16 * n if back else 0)) + 8 * e) if whole else 0
-    return inputs + (s * b + 2 * n * b) + outputs + workspace + oracle + work + kept + MIB + (outputs if back else 0)
+    own = 32 * MIB + x + outputs + workspace + work + ((e * b + 8 * r) + (s * b + 8 * r) if back else 0)
+    if not whole:
+        return own + x
+    if back:
+        cache = (x + 8 * e + 16 * r + s * b + 8 * e * (3 + case.has_weight) + 16 * n + 16 * r
+                 + (16 * e + 32 * n) + peers_kept * (outputs + 16 * n))
+    else:
+        cache = x + 8 * e + 16 * r + 8 * e + 16 * r + peers_kept * outputs
+    return own + cache
 
 
 def test_estimate_is_the_stated_formula_on_the_full_catalogue():

@@ -1,0 +1,217 @@
+"""The device bytes a check needs at its peak (``check_estimate``), from its case, its kernel and
+the run's other kernels of the op: what the check allocates, and what the worker still holds
+from the case's earlier checks (the oracle's cache and the outputs the agreement matrix keeps),
+which its measured peak (torch.cuda.max_memory_allocated) includes. The formula is ESTIMATE_DOC;
+tests/test_memory.py holds it against allocations measured on the CPU, tests/test_estimates.py
+against the peaks of a GPU run (tests/data/peaks/).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+MIB = 2**20
+# Per element judged at once, the float64 temporaries a comparison holds together
+# (harness.compare.compare: o, err, u, allowed, ratio, score and where()'s results).
+COMPARE_F64 = 10
+# Per element of the bit comparison (harness.properties.bit_diffs): both outputs as int64 and
+# their mask; where they differ, both ordered bit patterns, a where()'s mask and the distance.
+BITS_BYTES_PER_ELEMENT = 42
+# A worker's own allocations beyond any case: kernels' persistent buffers and cached plans,
+# library workspaces (21 MiB at most in the H100 run of tests/data/peaks/).
+WORKER_BYTES = 32 * MIB
+PROJECT_WORKSPACE = 16 * MIB  # a project kernel's split partials and launch scratch, besides 64 B a row
+SMALL_INPUT_BYTES = 16 * MIB  # a check on fixed small inputs (bad input, output shapes, offline compile)
+SMALL_SHAPE = (4, 64)  # those inputs' shape (harness/test_bad_input.py), for the kernel's workspace
+# The largest case harness/test_fuzz.py draws on the full profile: 4,000,000 elements in rows of
+# up to 70,000 (at most 300 rows), 64 elements of padding a row, float32.
+FUZZ_SHAPE, FUZZ_PAD = (300, 13334), 64
+SMALL_TESTS = ("test_rejects_bad_input", "test_empty_batch_returns_empty_outputs",
+               "test_output_shapes_follow_input", "test_compiles_offline")
+PROPERTY_TESTS = ("test_deterministic", "test_batch_invariant", "test_backward_deterministic",
+                  "test_backward_batch_invariant")
+
+ESTIMATE_DOC = """\
+E = rows x N elements, S = rows x (N + pad) stored, B = the dtype's bytes, R = rows, C = the
+elements judged at once (E, or a row chunk of ORACLE_CHUNK_ELEMENTS beyond ORACLE_WHOLE_ELEMENTS),
+X = S*B + 2*N*B (x with its padding, weight and bias), O = R*(N+16)*B + 8*R (a canaried y or dx
+and the statistics), T = the statistics dtypes of the kernels judged on the case, W = the
+kernel's workspace: declared (workspace_bytes(spec)), else a project kernel's E*B + 16 MiB + 64*R
+(the fresh y its host fast path plans on, split partials), any other's E*B + 8*E + 8*R (a y of
+its own, float32 copies of x). Every check: + 32 MiB (what a worker holds beyond any case).
+  oracle check   X (the snapshot), O, W, 10*8*C (the comparison's float64 temporaries);
+                 chunked + X (x) + 8*C + 16*C/N (a chunk's oracle); whole + the case's cache:
+  cache          X + 8*E + 16*R (the oracle) + 8*E + 16*R*T (the agreement's allowances) + per
+                 peer O (+ 8*E where its rounding contract adds to y's allowance, and 8*E for
+                 the kernel's own such addition)
+  backward       + the saved forward E*B + 8*R, the snapshot of dy and the statistics S*B + 8*R;
+                 cache X + S*B (dy) + 8*E each for dx, y, x^, dy and g (with a weight) + 16*N
+                 + 16*R (rstd, cond) + (16*E + 32*N)*T (floors, allowances); per peer with a backward O + 16*N
+  determinism    X + 3 calls' outputs E*B + 8*R (2 for a kernel outside the project) + max(W,
+                 42*E: the bit comparison, both outputs as int64 and, where they differ, their
+                 ordered patterns); backward: 2 calls' gradients (+ 2*N*B), + S*B (dy) + E*B + 8*R
+                 (the saved forward)
+  batch          as determinism with 2 full calls, + 4*8*N x the largest batch (its rows in
+                 float64 at most) + 16*N, + S*B (x's copy; backward dy's too) where rows are padded
+  held           a property check on a case the oracle checks also run (a catalogue case) may
+                 follow them in its worker, their cache still held: + the cache with every
+                 kernel of the op (the check's included) kept
+  drawn cases    the oracle check of the largest draw (FUZZ_SHAPE + FUZZ_PAD, float32), no peers
+  small checks   16 MiB + the kernel's workspace at 4 x 64
+"""
+
+
+@dataclass
+class Estimate:
+    total: int
+    parts: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        from harness.memory import fmt
+
+        return ", ".join(f"{k} {fmt(v)}" for k, v in self.parts.items() if v)
+
+
+def _sizes(case):
+    b, n, r = case.torch_dtype.itemsize, case.n, case.rows
+    return b, n, r, r * n, r * (n + case.row_pad)
+
+
+def _outputs(case) -> int:
+    b, n, r, _, _ = _sizes(case)
+    return r * (n + 16) * b + 8 * r
+
+
+def _whole_and_chunk(case) -> tuple[bool, int]:
+    from harness.runner import ORACLE_CHUNK_ELEMENTS, ORACLE_WHOLE_ELEMENTS
+
+    e = case.rows * case.n
+    if e > ORACLE_WHOLE_ELEMENTS:
+        return False, max(1, ORACLE_CHUNK_ELEMENTS // case.n) * case.n
+    return True, e
+
+
+def check_estimate(test: str, case, kernel, peers=(), device: str = "cuda") -> Estimate:
+    """The device bytes check ``test`` of ``kernel`` on ``case`` needs at its peak (ESTIMATE_DOC);
+    ``peers``: the run's other kernels of the op, whose outputs the agreement matrix may keep."""
+    parts = {"worker": WORKER_BYTES}
+    if test in ("test_fuzz", "test_fuzz_backward"):
+        from harness.cases import Case
+
+        drawn = Case(kernel.op, "float32", FUZZ_SHAPE, row_pad=FUZZ_PAD,
+                     dy_dist="normal" if test == "test_fuzz_backward" else None)
+        parts.update(_oracle_check(test == "test_fuzz_backward", drawn, kernel, (), device))
+    elif case is None or test in SMALL_TESTS:
+        from harness.cases import Case
+
+        small = Case(kernel.op, "float32", SMALL_SHAPE)
+        parts.update(inputs=SMALL_INPUT_BYTES, workspace=workspace_bytes(kernel, small, device))
+    elif test in PROPERTY_TESTS:
+        parts.update(_property_check(test, case, kernel, device))
+        if held_after_oracle_checks(test, case):
+            parts["held"] = held_bytes(test.startswith("test_backward"), case, (kernel, *peers), device)
+    else:
+        parts.update(_oracle_check(test.startswith("test_backward"), case, kernel, peers, device))
+    return Estimate(sum(parts.values()), parts)
+
+
+def _oracle_check(backward: bool, case, kernel, peers, device: str) -> dict[str, int]:
+    """test_against_oracle or test_backward: what the check allocates, and (whole oracles) what
+    the case's cache holds with every peer's outputs kept."""
+    b, n, r, e, s = _sizes(case)
+    whole, chunk = _whole_and_chunk(case)
+    x = s * b + 2 * n * b
+    parts = {"snapshot": x, "outputs": _outputs(case), "workspace": workspace_bytes(kernel, case, device),
+             "work": COMPARE_F64 * 8 * chunk + (0 if whole else 8 * chunk + 16 * chunk // n)}
+    if backward:
+        parts.update({"saved forward": e * b + 8 * r, "dy snapshot": s * b + 8 * r})
+    if whole:
+        parts["extra"] = 8 * e if _adds_to_y(kernel, case) and not backward else 0
+        parts["held"] = held_bytes(backward, case, peers, device, judged=(kernel,))
+    else:
+        parts["inputs"] = x
+    return parts
+
+
+def _property_check(test: str, case, kernel, device: str) -> dict[str, int]:
+    """Determinism and batch invariance (harness.properties): fresh inputs, the calls' outputs,
+    then the bit comparison."""
+    b, n, r, e, s = _sizes(case)
+    backward = test.startswith("test_backward")
+    calls = 3 if getattr(kernel, "project", False) and not backward else 2
+    made = e * b + 8 * r + (2 * n * b if backward else 0)  # a call's outputs (or gradients)
+    parts = {"inputs": s * b + 2 * n * b, "outputs": calls * made,
+             "compare": max(workspace_bytes(kernel, case, device), BITS_BYTES_PER_ELEMENT * e)}
+    if backward:
+        parts.update({"dy": s * b, "saved forward": e * b + 8 * r})
+    if test.endswith("batch_invariant"):
+        from harness.properties import BATCH_SIZES
+
+        parts["batches"] = 4 * max(BATCH_SIZES + tuple(kernel.m_thresholds(case.spec(device)))) * n * 8 + 2 * 8 * n
+        parts["copy"] = s * b * (2 if backward else 1) if case.row_pad else 0
+    return parts
+
+
+def held_after_oracle_checks(test: str, case) -> bool:
+    """Whether a property check's case is one the oracle checks (test_against_oracle,
+    test_backward) also run: its worker may run it right after them, their cache still held."""
+    backward = test.startswith("test_backward")
+    return case.id in _oracle_case_ids(backward)
+
+
+@functools.lru_cache(maxsize=None)
+def _oracle_case_ids(backward: bool) -> frozenset:
+    from harness.cases import backward_catalogue, catalogue
+
+    make = backward_catalogue if backward else catalogue
+    return frozenset(c.id for profile in ("quick", "full") for c in make(profile))
+
+
+def held_bytes(backward: bool, case, kept_from, device: str = "cuda", judged=()) -> int:
+    """What the case's cache holds once the kernels ``kept_from`` ran its oracle check: inputs,
+    the oracle, the allowances per statistics dtype (of those kernels and ``judged``), and each
+    kernel's kept outputs (_kept_by). A chunked oracle holds nothing beyond the inputs, which
+    the check counts."""
+    b, n, r, e, s = _sizes(case)
+    whole, _ = _whole_and_chunk(case)
+    if not whole:
+        return 0
+    kernels = [*kept_from, *judged]
+    stats = len({k.stat_dtype(case.torch_dtype, device) for k in kernels}) or 1
+    held = s * b + 2 * n * b + 8 * e + 16 * r  # inputs; the oracle's y, mean and rstd
+    if backward:  # dy; the oracle's dx, dw, db, x^, dy, g, rstd, cond; dx's floor and allowance, dw's, db's
+        held += s * b + 8 * e * (3 + case.has_weight) + 16 * n + 16 * r + stats * (2 * 8 * e + 32 * n)
+    else:  # the agreement's allowances: y's, and the statistics' per statistics dtype
+        held += 8 * e + stats * 16 * r
+    return held + sum(_kept_by(k, case, _outputs(case), backward) for k in kept_from)
+
+
+def _adds_to_y(kernel, case) -> bool:
+    """Whether the kernel's rounding contract adds a float64 term to y's allowance on the case
+    (harness.compare.rounding_allowance)."""
+    return getattr(kernel, "rounding", "once") != "once" and case.dtype != "float32" and case.has_weight
+
+
+def _kept_by(peer, case, outputs: int, backward: bool) -> int:
+    """What the agreement matrix keeps of a kernel that ran the case: its outputs, and y's
+    float64 extra allowance where its rounding contract has one; backward: dx, dw and db."""
+    if backward:
+        return outputs + 8 * case.n * 2 if getattr(peer, "has_backward", True) else 0
+    return outputs + (8 * case.rows * case.n if _adds_to_y(peer, case) else 0)
+
+
+def workspace_bytes(kernel, case, device: str = "cuda") -> int:
+    """The kernel's workspace for the case: what it declares (an optional ``workspace_bytes(spec)``
+    method, for a kernel with large scratch buffers), else by kind. A project kernel writes into
+    the outputs it is given, keeps per-row partials, and its host fast path plans a signature's
+    first call on a fresh y; any other (eager, apex, an outside backend) allocates its own y and
+    statistics and may upcast x to float32."""
+    declared = getattr(kernel, "workspace_bytes", None)
+    if declared is not None:
+        got = declared(case.spec(device))
+        if got is not None:
+            return int(got)
+    b, _, r, e, _ = _sizes(case)
+    if getattr(kernel, "project", False):
+        return e * b + PROJECT_WORKSPACE + 64 * r
+    return e * b + 2 * 4 * e + 8 * r
