@@ -308,7 +308,7 @@ def gpu_watch(tmp_path, fake, asked=None, budget=20 * GIB):
     kernel = next(k for k in registry.kernels(["triton"]) if k.op == "rms_norm")
     GpuLedger.create(ledger_path(tmp_path, "0"), budget)
     config = SimpleNamespace(workerinput={"workerid": "gw0", "normdiff_dir": str(tmp_path), "normdiff_gpu": "0",
-                                          "normdiff_workers_on_gpu": 2},
+                                          "normdiff_workers_on_gpu": 2, "normdiff_gpu_budget": budget},
                              getoption=lambda name: asked if name == "gpu_memory" else None)
     records = {"t::a": {"test": "test_against_oracle", "kernel": kernel.name, "op": "rms_norm", "case": case.id}}
     state = SimpleNamespace(records=records, kernels=[kernel], kernel_index={(kernel.name, "rms_norm"): kernel},
