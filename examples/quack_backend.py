@@ -72,12 +72,39 @@ Declarations, each with its source:
 
   (N = 6 compiles; on a GPU, ``rmsnorm_fwd(x, w, store_rstd=True)`` on bfloat16 rows of 7 raises
   the same DSLRuntimeError).
+- known issue, ``quack.tuned`` at N < 64: its autotune menu (``get_all_fwd_configs``,
+  rmsnorm_config.py:405-439) has 64, 128 or 256 threads per row (``_AUTOTUNE_THREADS_PER_REDUCTION_DIM``,
+  :303), and its pruner drops every config with threads_per_row * cluster_n > N (:491-508): below 64
+  none is left, and ``builtins.min`` over the empty timings raises ``ValueError: min() iterable
+  argument is empty`` (autotuner.py:441). Seen on an H100 at N = 1 to 32 (N = 64 ran); reproduced
+  without a GPU by ``python -m tools.quack_findings autotune``.
+- known issue, ``quack.tuned`` where its menu holds a config whose shared memory exceeds the GPU's:
+  each CTA stages its (num_threads / threads_per_row) rows of N / cluster_n elements in shared memory
+  (``sX``, rmsnorm.py:172-174; the tile of reduction_base.py:42-50), and the menu is pruned by N only,
+  so at long rows a config with few blocks per row asks for more than sm_90's 232448 bytes (128
+  threads, 64 per row, cluster 1 at bfloat16 N = 131072: 524304 bytes, read from its compiled host
+  code by ``python -m tools.quack_findings launch``). Its launch fails with CUDA_LAUNCH_INVALID_CONFIG,
+  a ``CUDADialectError`` (a ``DSLBaseError``, not a ``RuntimeError``), which the autotuner's bench
+  does not catch (``except (RuntimeError, MemoryError)``, autotuner.py:216): the tuned call fails.
+  Seen on an H100 in the benchmark at rms_norm bfloat16 16384 x 131072, with the whole menu. Declared
+  where a config the capped autotuner benches (below) is over the limit by QuACK's own tile formula
+  (``tile_smem``): the cap keeps configs near QuACK's pick, so at bfloat16 N = 131072 it benches
+  none over it, while at float32 N = 32764 it still does (128 threads, 64 per row, cluster 1:
+  524288 bytes). It may pass: the failing config of the GPU run was not recorded, and the autotuner
+  benches the slow way, catching every error, where cloning its inputs fails (autotuner.py:363-378).
+- autotuning cap (``AUTOTUNE_MAX_CONFIGS``, ``autotune_cap``): ``quack.tuned`` benches at most that
+  many of its menu's configs per shape, those nearest QuACK's analytical heuristic (cluster size,
+  then threads per row, threads per block and reload; the heuristic's own config first), through
+  its autotuner's own ``perf_model`` and ``top_k`` (``prune_configs``, autotuner.py:466-488), set on the
+  ``rmsnorm_fwd_tuned`` Autotuner when the plug-in first calls it. Its full menu is 75 configs on
+  sm_90, and tuning 4 shapes took 70 s on an H100; the benchmark's preparation table prints the cap.
 - workspace: QuACK's own y (or dx) and statistics, the float32 weight and bias, a row copy where
   made, the backward's dw and db partials; the tuned variant's first call per shape also clones
   its tensor arguments 4 to 16 times for its L2-cold timing (bench/bench_utils.py:179-202).
 """
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
@@ -133,6 +160,79 @@ def odd_16bit(dtype: torch.dtype, n: int) -> bool:
 
 ODD_16BIT = ("quack 0.6.5 compiles no kernel for 16-bit rows of odd N: its cp.async copy of one 16-bit "
              "element is refused by the CuTe DSL (cp_size 16; it moves 32, 64 or 128 bits)")
+
+
+TUNED_MIN_N = 64  # the fewest threads per row in quack.tuned's autotune menu (cluster 1)
+AUTOTUNE_EMPTY = ("quack 0.6.5's autotuner prunes every config of its menu below N = 64 (threads_per_row * "
+                  "cluster_n > N for each) and raises ValueError: min() iterable argument is empty")
+SM90_SMEM_BYTES = 232448  # the most dynamic shared memory a block may ask on sm_90 (the CuTe DSL's table)
+AUTOTUNE_MAX_CONFIGS = 16  # quack.tuned's cap: configs benched per shape (of 75 on sm_90)
+LAUNCH_SMEM = ("quack 0.6.5's autotune menu at N={n} holds configs whose shared memory exceeds sm_90's "
+               "232448 bytes (up to {worst} bytes): CUDA refuses the launch (CUDA_LAUNCH_INVALID_CONFIG, a "
+               "CUDADialectError its autotuner does not catch)")
+
+
+def case_words(case_id: str) -> tuple[torch.dtype, int] | None:
+    """(dtype, N) of a case id (harness.cases.Case.id: op-dtype-shape-dist[-...]; N ends the shape)."""
+    words = case_id.split("-")
+    if len(words) < 3 or words[1] not in ("float32", "float16", "bfloat16"):
+        return None
+    try:
+        return getattr(torch, words[1]), int(words[2].split("x")[-1])
+    except ValueError:
+        return None
+
+
+def tile_smem(cfg, n: int, x_bits: int, widest_bits: int) -> int:
+    """Bytes of x QuACK's forward stages per CTA with launch config ``cfg`` (its sX: rows of the
+    block by its share of the row, reduction_base.py:42-50; the cluster capped as
+    ``_cap_cluster_n`` caps it); ``widest_bits``: the widest of x, weight, bias and y."""
+    vec = math.gcd(n, 128 // widest_bits)
+    cluster = min(cfg.cluster_n, 16, max(1, (n // vec) // cfg.threads_per_row))
+    blocks = -(-(n // vec) // (cfg.threads_per_row * cluster))
+    return (cfg.num_threads // cfg.threads_per_row) * vec * blocks * cfg.threads_per_row * x_bits // 8
+
+
+def nearness(cfg, pick) -> tuple:
+    """How far a launch config is from QuACK's analytical pick, for the autotuning cap: cluster
+    size, then threads per row (log2 steps), then threads per block and reload differing."""
+    steps = lambda a, b: abs(math.log2(a) - math.log2(b))  # noqa: E731
+    return (steps(cfg.cluster_n, pick.cluster_n), steps(cfg.threads_per_row, pick.threads_per_row),
+            cfg.num_threads != pick.num_threads, cfg.reload_from != pick.reload_from)
+
+
+def capped(configs: list, pick, cap: int = AUTOTUNE_MAX_CONFIGS) -> list:
+    """The ``cap`` configs nearest ``pick`` (ties in the menu's order)."""
+    return sorted(configs, key=lambda c: nearness(c, pick))[:cap]
+
+
+def _heuristic(n: int, x_bits: int, layer_norm: bool):
+    cfg_mod = importlib.import_module("quack.rmsnorm_config")
+    return cfg_mod.RmsNormFwdConfig.from_analytical_heuristic(n, x_bits, arch_major=9, is_layernorm=layer_norm)
+
+
+def benched_configs(n: int, x_bits: int, layer_norm: bool) -> list | None:
+    """The configs the capped autotuner benches at N on sm_90 (QuACK's menu, its own pruner's rule,
+    then the cap), or None where QuACK does not import."""
+    try:
+        cfg_mod = importlib.import_module("quack.rmsnorm_config")
+    except ImportError:
+        return None
+    menu = [c for c in cfg_mod.get_all_fwd_configs() if c.threads_per_row * c.cluster_n <= n]
+    return capped(menu, _heuristic(n, x_bits, layer_norm))
+
+
+def _cap_autotuner() -> None:
+    """Set quack.tuned's cap on QuACK's Autotuner (its own perf_model and top_k): the
+    AUTOTUNE_MAX_CONFIGS configs nearest the analytical heuristic of each call's shape."""
+    tuner = _quack().rmsnorm_fwd_tuned
+    if getattr(tuner, "normdiff_cap", None) == AUTOTUNE_MAX_CONFIGS:
+        return
+
+    def distance(x, config, is_layernorm=False, **_):
+        return nearness(config, _heuristic(x.shape[-1], 8 * x.element_size(), is_layernorm))
+
+    tuner.perf_model, tuner.configs_top_k, tuner.normdiff_cap = distance, AUTOTUNE_MAX_CONFIGS, AUTOTUNE_MAX_CONFIGS
 
 
 def _m_bucket(rows: int) -> int:
@@ -220,11 +320,10 @@ class _QuackDefault(_Quack):
     variant = "default"
 
     def known_issue(self, case_id: str, device: str) -> str | None:
-        # The case id's words (harness.cases.Case.id): op-dtype-shape-dist[-...]; N ends the shape.
-        words = case_id.split("-")
-        if device != "cuda" or len(words) < 3 or words[1] not in ("float16", "bfloat16"):
+        found = case_words(case_id)
+        if device != "cuda" or found is None:
             return None
-        return ODD_16BIT if odd_16bit(getattr(torch, words[1]), int(words[2].split("x")[-1])) else None
+        return ODD_16BIT if odd_16bit(*found) else None
 
     def backward_unsupported(self, spec: NormSpec) -> str | None:
         reason = super().backward_unsupported(spec)
@@ -295,6 +394,32 @@ class QuackLayerNorm(_QuackDefault):
 class _QuackTuned(_Quack):
     variant = "tuned"
     is_layernorm = False
+    # What bounds its preparation (the benchmark's preparation table prints it).
+    autotune_cap = (f"autotuning: at most {AUTOTUNE_MAX_CONFIGS} of QuACK's launch configs per shape, those "
+                    "nearest its analytical heuristic")
+
+    def _launch_over(self, dtype: torch.dtype, n: int) -> int:
+        """The most shared memory a config the capped autotuner benches at N asks beyond sm_90's
+        limit (0: none over it, or QuACK missing)."""
+        x_bits = 8 * torch.empty((), dtype=dtype).element_size()
+        widest = 32 if self.is_layernorm else x_bits  # LayerNorm's weight and bias go as float32
+        configs = benched_configs(n, x_bits, self.is_layernorm) or []
+        worst = max((tile_smem(c, n, x_bits, widest) for c in configs), default=0)
+        return worst if worst > SM90_SMEM_BYTES else 0
+
+    def known_issue(self, case_id: str, device: str) -> str | None:
+        found = case_words(case_id)
+        if device != "cuda" or found is None or odd_16bit(*found):  # odd 16-bit rows: refused (unsupported)
+            return None
+        dtype, n = found
+        if n < TUNED_MIN_N:
+            return AUTOTUNE_EMPTY
+        worst = self._launch_over(dtype, n)
+        return LAUNCH_SMEM.format(n=n, worst=worst) if worst else None
+
+    def known_issue_may_pass(self, case_id: str, device: str) -> bool:
+        found = case_words(case_id)  # the launch issue: the failing config of the GPU run is not known
+        return found is not None and found[1] >= TUNED_MIN_N
 
     def unsupported(self, spec: NormSpec) -> str | None:
         reason = super().unsupported(spec)
@@ -309,6 +434,7 @@ class _QuackTuned(_Quack):
         return ("quack", self.variant, spec.op, spec.dtype, spec.rows, spec.n, stride, spec.has_weight, spec.has_bias)
 
     def _entry(self, x, weight, bias, eps):
+        _cap_autotuner()
         y = torch.empty_like(x)
         rstd = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
         mean = torch.empty_like(rstd) if self.is_layernorm else None

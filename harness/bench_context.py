@@ -149,12 +149,11 @@ class BenchContext:
         return NormOutputs(y=views["y"], **{name: views[name] for name in ("mean", "rstd") if name in k.outputs})
 
     def host_peers(self, op: str) -> list[NormKernel]:
-        """The run's kernels of ``op`` whose host cost the entry points are held to
-        (``harness.report.host.HOST_REFERENCE_PEERS``)."""
-        from harness.report.host import HOST_REFERENCE_PEERS
-
+        """The run's kernels of ``op`` whose host cost the entry points are held to: every peer (a
+        kernel that does not declare ``NormKernel.project``) that can run here
+        (``harness.report.host``)."""
         state = self.config.stash[run.STATE]
-        return [k for k in state.kernels if k.op == op and not k.project and k.backend in HOST_REFERENCE_PEERS]
+        return [k for k in state.kernels if k.op == op and not k.project and not k.unavailable()]
 
     def timer(self, fn, regime: str, device: str):
         """The timer for one benchmark and, where it is not the planned one, why."""

@@ -75,6 +75,7 @@ def run_forward(item, benchmark, ctx) -> None:
         bytes=nbytes, ceiling_gbps=ceiling_gbps, device=run.device_name(device),
         timing=fallback and f"CUDA events, {fallback}" or timer.how, timer=timer.kind,
         rounds=rounds, warmup_rounds=warmup, settle_calls=settle_calls, prepare_s=round(prepare_s, 3),
+        prepare_cap=getattr(k, "autotune_cap", None),  # what bounds a plug-in's autotuning, where it declares it
         correct=True, max_ulp_err=worst_ulp,
     )
     benchmark.pedantic(timer.target, setup=timer.setup, rounds=rounds, warmup_rounds=warmup)

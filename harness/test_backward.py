@@ -72,7 +72,8 @@ def test_backward_deterministic(backward_determinism_case, request):
     reason = kernel.backward_unsupported(case.spec(device))
     if reason:
         pytest.skip(reason)
-    diffs = properties.backward_determinism(kernel, case, device)
+    with properties.judging(kernel, case, device):  # a declared issue that fails the calls: that issue
+        diffs = properties.backward_determinism(kernel, case, device)
     declared = kernel.backward_nondeterministic
     record(request.node, deterministic=not diffs, bit_diffs=[d.__dict__ for d in diffs],
            **({"failure_kind": "nondeterministic"} if diffs and not declared else {}))
@@ -92,7 +93,8 @@ def test_backward_batch_invariant(backward_batch_case, request):
     if reason:
         pytest.skip(reason)
     quick = request.config.stash[STATE].profile == "quick"
-    result = properties.backward_batch_invariance(kernel, case, device, quick=quick)
+    with properties.judging(kernel, case, device):
+        result = properties.backward_batch_invariance(kernel, case, device, quick=quick)
     if result.nondeterministic:
         pytest.skip("two backward calls on the full batch differ (test_backward_deterministic reports it): "
                     "batch invariance cannot be judged")

@@ -1,12 +1,19 @@
 """Every selected kernel refuses bad input with an error that names the problem, before any
-backend code runs, and handles the edge inputs the interface accepts (empty batch, 3-D)."""
+backend code runs, and handles the edge inputs the interface accepts (empty batch, 3-D).
+
+The valid calls these checks make themselves (the warm-up before a bad call, the edge inputs) use
+what the kernel declares: a dtype of ``NormKernel.dtypes`` (float32 where declared), rows of at
+least ``min_n``, the full affine form. Where the kernel still cannot run them (``unsupported``, or
+``UnsupportedCase`` from the call) the check is skipped with the kernel's reason: it judges what
+the kernel does, not an assumption of the harness. The bad inputs themselves stay as they are.
+"""
 import pytest
 import torch
 
 from harness.run import STATE
 from harness.runner import device_for
 from impls import callpath
-from impls.base import NormInputError, UnsupportedCase
+from impls.base import SUPPORTED_DTYPES, NormInputError, UnsupportedCase, dtype_name, spec_of
 
 N = 64
 
@@ -51,16 +58,45 @@ def _valid_n(kernel) -> int:
     return max(N, kernel.min_n)
 
 
+def valid_dtype(kernel) -> torch.dtype:
+    """The dtype of the valid calls these checks build: float32 where the kernel declares it,
+    else the first it declares (FlashInfer's RMSNorm: float16)."""
+    declared = [d for d in SUPPORTED_DTYPES if d in kernel.dtypes]
+    return torch.float32 if torch.float32 in declared or not declared else declared[0]
+
+
+def _valid_inputs(kernel, device, shape) -> tuple:
+    """(x, weight, bias) of a valid call of ``shape`` in a dtype the kernel declares; skips with
+    the kernel's own reason where it cannot run them."""
+    dtype = valid_dtype(kernel)
+    x = _x(device, dtype, shape)
+    w, b = _affine(kernel, device, shape[-1], dtype)
+    reason = kernel.unsupported(spec_of(kernel.op, x.reshape(-1, shape[-1]), device, w, b))
+    if reason:
+        pytest.skip(f"{kernel.name} cannot run the valid {dtype_name(dtype)} call {tuple(shape)}: {reason}")
+    return x, w, b
+
+
+def _valid_call(kernel, x, w, b):
+    """The kernel on a valid call; UnsupportedCase from it is a skip with its reason."""
+    try:
+        return kernel(x, w, b, 1e-5)
+    except UnsupportedCase as exc:
+        pytest.skip(f"{kernel.name} refused the valid {dtype_name(x.dtype)} call {tuple(x.shape)}: {exc}")
+
+
 def _warm(kernel, x, weight, bias, device) -> None:
     """Leave host fast-path plans (impls.fastpath) for the signatures nearest a bad call's: its own
-    tensors where the interface accepts them, and the plain valid call."""
-    n = _valid_n(kernel)
-    for args in ((x, weight, bias), (x, None, None), (_x(device, shape=(4, n)), *_affine(kernel, device, n))):
+    tensors where the interface accepts them, and the plain valid call (in a declared dtype)."""
+    for args in ((x, weight, bias), (x, None, None)):
         for _ in range(2):  # the second call runs the plan the first left
             try:
                 kernel(*args, 1e-5)
             except (NormInputError, UnsupportedCase, TypeError):
                 break
+    valid = _valid_inputs(kernel, device, (4, _valid_n(kernel)))
+    for _ in range(2):
+        _valid_call(kernel, *valid)
     assert callpath.state(kernel)["signatures"], f"{kernel.name}: valid calls left no plan behind"
 
 
@@ -77,18 +113,18 @@ def test_rejects_bad_input(kernel_bad):
         kernel(x, weight, bias, eps)
 
 
-def _affine(kernel, device, n=N):
+def _affine(kernel, device, n=N, dtype=torch.float32):
     """Weight (and bias for LayerNorm): every backend takes the full affine form (some take
     no other, e.g. apex's and Liger's LayerNorm), and these checks are about shapes."""
-    w = torch.ones(n, device=device, dtype=torch.float32)
+    w = torch.ones(n, device=device, dtype=dtype)
     return w, (torch.zeros_like(w) if kernel.op == "layer_norm" else None)
 
 
 def test_empty_batch_returns_empty_outputs(kernel):
     device = _runnable(kernel)
-    n = _valid_n(kernel)
-    x = _x(device, shape=(2, 0, n))
-    out = kernel(x, *_affine(kernel, device, n), 1e-5)
+    x, w, b = _valid_inputs(kernel, device, (2, 0, _valid_n(kernel)))
+    n = x.shape[-1]
+    out = _valid_call(kernel, x, w, b)
     assert out.y.shape == (2, 0, n)
     for name in ("mean", "rstd"):
         stat = getattr(out, name)
@@ -98,9 +134,8 @@ def test_empty_batch_returns_empty_outputs(kernel):
 
 def test_output_shapes_follow_input(kernel):
     device = _runnable(kernel)
-    n = _valid_n(kernel)
-    x = _x(device, shape=(2, 3, n))
-    out = kernel(x, *_affine(kernel, device, n), 1e-5)
+    x, w, b = _valid_inputs(kernel, device, (2, 3, _valid_n(kernel)))
+    out = _valid_call(kernel, x, w, b)
     assert out.y.shape == x.shape and out.y.dtype == x.dtype
     for name in kernel.outputs[1:]:
         stat = getattr(out, name)

@@ -4,6 +4,9 @@ A kernel that declares itself nondeterministic (``NormKernel.nondeterministic``)
 batch-invariant (``batch_invariant = False``) is measured and reported, not failed; one that
 claims batch invariance (``True``) fails when a row's bits change with M. An unknown claim
 (``None``) is measured and reported.
+
+Valid input a kernel cannot run (``UnsupportedCase``) is a skip with its reason, and a call that
+fails on a case the kernel declares a known issue on is that issue (``properties.judging``).
 """
 import pytest
 
@@ -34,7 +37,8 @@ def _runnable(case, kernel) -> str:
 def test_deterministic(determinism_case, request):
     case, kernel = determinism_case
     device = _runnable(case, kernel)
-    diffs = properties.determinism(kernel, case, device)
+    with properties.judging(kernel, case, device):
+        diffs = properties.determinism(kernel, case, device)
     record(request.node, deterministic=not diffs, bit_diffs=[d.__dict__ for d in diffs],
            **({"failure_kind": "nondeterministic"} if diffs and not kernel.nondeterministic else {}))
     if diffs and kernel.nondeterministic:
@@ -46,7 +50,8 @@ def test_deterministic(determinism_case, request):
 def test_batch_invariant(batch_case, request):
     case, kernel = batch_case
     device = _runnable(case, kernel)
-    result = properties.batch_invariance(kernel, case, device, quick=request.config.stash[STATE].profile == "quick")
+    with properties.judging(kernel, case, device):
+        result = properties.batch_invariance(kernel, case, device, quick=request.config.stash[STATE].profile == "quick")
     if result.nondeterministic:
         pytest.skip("two calls on the full batch differ (test_deterministic reports it): batch invariance "
                     "cannot be judged")

@@ -168,6 +168,73 @@ def test_quack_declared_limits(monkeypatch):
     assert tuned.unsupported(spec(n=7, dtype=torch.float32)) is None
 
 
+def fake_quack_config() -> types.ModuleType:
+    """quack.rmsnorm_config's menu and analytical pick (0.6.5, sm_90): 75 launch configs; the pick
+    here a fixed one, as the heuristic gives at bfloat16 N = 131072."""
+    from dataclasses import dataclass
+
+    m = types.ModuleType("quack.rmsnorm_config")
+
+    @dataclass(frozen=True)
+    class RmsNormFwdConfig:
+        num_threads: int
+        threads_per_row: int
+        cluster_n: int
+        reload_from: str | None
+        delay_w_load: bool = False
+
+        @classmethod
+        def from_analytical_heuristic(cls, n, dtype_width, arch_major=None, is_layernorm=False):
+            return cls(256, 256, 8, "smem")
+
+    m.RmsNormFwdConfig = RmsNormFwdConfig
+    m.get_all_fwd_configs = lambda: [RmsNormFwdConfig(t, p, c, r) for t in (128, 256) for p in (64, 128, 256)
+                                     for c in (1, 2, 4, 8, 16) for r in (None, "smem", "gmem") if p <= t]
+    return m
+
+
+def test_quack_tuned_findings_and_its_autotuning_cap(monkeypatch):
+    """quack.tuned's findings, declared on the cases that trigger them: N < 64 (its pruner leaves no
+    config) strictly, and, where a config its capped autotuner benches needs more shared memory than
+    sm_90 gives (QuACK's tile formula), the launch refusal, which may pass. The cap: the
+    AUTOTUNE_MAX_CONFIGS configs nearest QuACK's pick, set on its Autotuner at the first call."""
+    module = with_stand_in(monkeypatch, "quack")
+    monkeypatch.setitem(sys.modules, "quack.rmsnorm_config", fake_quack_config())
+    cfg = sys.modules["quack.rmsnorm_config"].RmsNormFwdConfig
+    rms, tuned = registry.get("rms_norm", "quack", "default"), registry.get("rms_norm", "quack", "tuned")
+    # QuACK's tile: the documented example, 2 rows x 131072 bfloat16 = 524288 bytes; its pick 32 KiB.
+    assert module.tile_smem(cfg(128, 64, 1, None), 131072, 16, 16) == 524288
+    assert module.tile_smem(cfg(256, 256, 8, "smem"), 131072, 16, 16) == 32768
+    # N 100 in float32: cluster capped to 1, the tile 2 rows of 4 x 64 elements (the row padded to it).
+    assert module.tile_smem(cfg(128, 64, 16, None), 100, 32, 32) == 2 * 256 * 4
+    # The cap: the pick first, then the nearest by cluster size, threads per row, block and reload.
+    menu = sys.modules["quack.rmsnorm_config"].get_all_fwd_configs()
+    pick = cfg(256, 256, 8, "smem")
+    near = module.capped(menu, pick)
+    assert len(menu) == 75 and len(near) == module.AUTOTUNE_MAX_CONFIGS == 16
+    assert near[0] == pick and {c.cluster_n for c in near[:15]} == {8} and near[15].cluster_n in (4, 16)
+    # N < 64: strictly declared, on every dtype the tuned variant runs; not for the default variant.
+    for case in ("rms_norm-float32-3x1-normal", "rms_norm-bfloat16-3x32-normal", "rms_norm-float32-3x63-normal"):
+        assert "prunes every config" in tuned.known_issue(case, "cuda") and not tuned.known_issue_may_pass(case, "cuda")
+        assert tuned.known_issue(case, "cpu") is None and rms.known_issue(case, "cuda") is None
+    assert tuned.known_issue("rms_norm-bfloat16-3x7-normal", "cuda") is None  # odd 16-bit: refused instead
+    # Beyond the shared memory: with the stand-in's pick (cluster 8) float32 N = 32764 benches at most
+    # 4 rows x 4096 x 4 bytes, inside; at N = 262144, 4 x 32768 x 4 is not (256 threads, 64 per row).
+    assert tuned.known_issue("rms_norm-bfloat16-3x64-normal", "cuda") is None
+    assert tuned.known_issue("rms_norm-float32-1x32764-constant-noaffine", "cuda") is None
+    over = tuned.known_issue("rms_norm-float32-2x262144-normal", "cuda")
+    assert "exceeds sm_90's 232448 bytes (up to 524288 bytes)" in over
+    assert tuned.known_issue_may_pass("rms_norm-float32-2x262144-normal", "cuda")
+    # The cap set on QuACK's Autotuner (its perf_model and top_k) by the first call.
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    tuned._call(x, torch.ones(256, dtype=x.dtype), None, 1e-6)
+    tuner = sys.modules["quack.rmsnorm"].rmsnorm_fwd_tuned
+    assert tuner.configs_top_k == 16 and tuner.perf_model(x=x, config=pick, is_layernorm=False) == (0, 0, False, False)
+    assert tuner.perf_model(x=x, config=cfg(128, 64, 1, None), is_layernorm=False) == (3, 2, True, True)
+    assert "at most 16 of QuACK's launch configs per shape" in tuned.autotune_cap
+    assert getattr(rms, "autotune_cap", None) is None
+
+
 def test_flashinfer_declared_limits(monkeypatch):
     module = plugin("flashinfer")
     monkeypatch.setattr(module, "availability", lambda: None)
@@ -359,7 +426,8 @@ def _gpu_reason() -> str | None:
 
 
 # (backend, variant, inside case, outside case, what the outside case is refused with); a reason of
-# "known issue" expects the call itself to fail as the plug-in declares.
+# "known issue: <pattern>" expects the call itself to fail as the plug-in declares, with an error
+# matching the pattern.
 LIMITS = [
     ("quack", "default", Case(op="rms_norm", dtype="float32", shape=(2, 262144)),
      Case(op="rms_norm", dtype="float32", shape=(2, 262145)), "exceeds quack.default's limit of 262144"),
@@ -370,9 +438,11 @@ LIMITS = [
     ("quack", "default", Case(op="layer_norm", dtype="bfloat16", shape=(7, 1000), affine="weight"),
      Case(op="layer_norm", dtype="bfloat16", shape=(7, 1000), affine="bias"), "need a weight"),
     ("quack", "default", Case(op="rms_norm", dtype="bfloat16", shape=(17, 1538)),
-     Case(op="rms_norm", dtype="bfloat16", shape=(17, 1537)), "known issue"),
+     Case(op="rms_norm", dtype="bfloat16", shape=(17, 1537)), "known issue: cp_size"),
     ("quack", "default", Case(op="layer_norm", dtype="float16", shape=(17, 6)),
-     Case(op="layer_norm", dtype="float16", shape=(17, 7)), "known issue"),
+     Case(op="layer_norm", dtype="float16", shape=(17, 7)), "known issue: cp_size"),
+    ("quack", "tuned", Case(op="rms_norm", dtype="float32", shape=(3, 64)),
+     Case(op="rms_norm", dtype="float32", shape=(3, 63)), "known issue: min\\(\\)"),
     ("quack", "tuned", Case(op="layer_norm", dtype="bfloat16", shape=(17, 1538)),
      Case(op="layer_norm", dtype="bfloat16", shape=(17, 1537)), "odd N"),
     ("flashinfer", "default", Case(op="rms_norm", dtype="float16", shape=(17, 1000)),
@@ -399,9 +469,9 @@ def test_each_declared_limit_on_the_gpu(backend, variant, inside, outside, reaso
     k = registry.get(inside.op, backend, variant)
     result = runner.check(k, inside)
     assert result.skipped is None and result.ok, result.failure_message()
-    if reason == "known issue":
+    if reason.startswith("known issue: "):
         assert k.known_issue(outside.id, "cuda") and k.unsupported(outside.spec("cuda")) is None
-        with pytest.raises(Exception, match=re.escape("cp_size")):
+        with pytest.raises(Exception, match=reason.removeprefix("known issue: ")):
             runner.check(k, outside)
         return
     assert reason in (runner.check(k, outside).skipped or "")

@@ -13,7 +13,7 @@ from harness.report.markdown import table
 
 def render_markdown(doc: dict, plots: dict | None = None) -> str:
     nd = doc.get("normdiff") or {}
-    baseline = (nd.get("selection") or {}).get("baseline", "torch.eager")
+    baseline = (nd.get("selection") or {}).get("baseline") or "the baseline"  # --bench-baseline, as recorded
     rows = results(doc)
     # Without a GPU the times are a smoke run of the suite: shown, never ranked.
     smoke = bool(rows) and all(r["device"] and r["device"].startswith("CPU") for r in rows)
@@ -221,17 +221,23 @@ def render_skipped(nd: dict) -> list[str]:
 
 
 def render_preparation(doc: dict) -> list[str]:
+    """Seconds in ``prepare`` per kernel and, for a kernel that declares what bounds its autotuning
+    (a plug-in's ``autotune_cap``, recorded as ``prepare_cap``), that cap."""
     prep = defaultdict(lambda: [0.0, 0])
+    caps: dict[str, set] = defaultdict(set)
     for b in doc.get("benchmarks", ()):
         ei = b.get("extra_info") or {}
         if "prepare_s" in ei:
             prep[ei["kernel"]][0] += ei["prepare_s"]
             prep[ei["kernel"]][1] += 1
+        if ei.get("prepare_cap"):
+            caps[ei["kernel"]].add(ei["prepare_cap"])
     if not prep:
         return []
     lines = ["## Preparation", "", "Seconds each kernel spent in `prepare` and its first call (compilation, "
-             "autotuning), outside every timed call.", ""]
-    lines += table(["kernel", "benchmarks", "seconds"], [[k, n, f"{t:.1f}"] for k, (t, n) in sorted(prep.items())])
+             "autotuning), outside every timed call; *cap*: what bounds a kernel's autotuning, as it declares it.", ""]
+    lines += table(["kernel", "benchmarks", "seconds", "cap"],
+                   [[k, n, f"{t:.1f}", "; ".join(sorted(caps[k])) or "-"] for k, (t, n) in sorted(prep.items())])
     lines.append("")
     return lines
 
