@@ -1,6 +1,7 @@
 """The pytest plugin: the options, backend selection, case parametrisation, the report at the end.
 
-Loaded by the project's conftest.py, so it is active for ``pytest harness``. Each process's
+Loaded by the project's conftest.py, so it is active for ``pytest harness``, and for a run given
+``--backend-file`` from any directory by the installed entry point (harness.entry). Each process's
 ``HarnessState`` (harness.state) holds the run and the checks' records (harness.records). The
 harness never branches on backend names: it asks the registry for kernels and each kernel for
 what it can run.

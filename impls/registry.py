@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -28,13 +29,52 @@ _LOAD_ERRORS: dict[str, str] = {}  # source -> why it did not load
 
 
 def register(kernel: NormKernel | type[NormKernel]) -> NormKernel | type[NormKernel]:
-    """Register a kernel (instance or class, so it can be used as a class decorator)."""
+    """Register a kernel (instance or class, so it can be used as a class decorator). A kernel
+    that does not say why its timings would mean nothing (``bench_unavailable``) gets the
+    built-in Triton kernels' reason while it runs Triton under the interpreter."""
     instance = kernel() if isinstance(kernel, type) else kernel
     key = (instance.backend, instance.variant, instance.op)
     if key in _KERNELS and type(_KERNELS[key]) is not type(instance):
         raise ValueError(f"a kernel for {instance.op} named {instance.name} is already registered")
+    if type(instance).bench_unavailable is NormKernel.bench_unavailable:
+        instance.bench_unavailable = lambda: INTERPRETED if runs_interpreted_triton(instance) else None
     _KERNELS[key] = instance
     return kernel
+
+
+# The benchmark's reason for every kernel that runs Triton under its interpreter: the
+# interpreter's time is Python's, not the kernel's (impls.triton declares it for its own).
+INTERPRETED = "triton runs under its interpreter on this machine: not a timing"
+
+
+def runs_interpreted_triton(kernel: NormKernel) -> bool:
+    """Whether ``kernel`` runs Triton under the interpreter: its class's module (or a base
+    class's) holds an interpreted Triton kernel, or it lists triton in ``packages`` while the
+    interpreter is on. Never imports triton."""
+    triton = sys.modules.get("triton")
+    if triton is None:
+        return False
+    for cls in type(kernel).__mro__:
+        module = sys.modules.get(cls.__module__)
+        if cls is not NormKernel and module is not None and any(_interpreted(v) for v in vars(module).values()):
+            return True
+    if "triton" not in kernel.packages:
+        return False
+    try:
+        return bool(triton.knobs.runtime.interpret)
+    except AttributeError:  # a Triton without knobs reads the variable
+        return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _interpreted(value, depth: int = 3) -> bool:
+    """An interpreted @triton.jit function, or an autotuner/heuristics wrapper around one."""
+    for _ in range(depth):
+        if type(value).__name__ == "InterpretedFunction":
+            return True
+        value = getattr(value, "fn", None) if hasattr(type(value), "run") else None
+        if value is None:
+            return False
+    return False
 
 
 def load_builtins() -> None:
