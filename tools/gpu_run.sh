@@ -4,6 +4,12 @@
 #                                 CHECKS_K selects a part (pytest -k), e.g. to time it alone;
 #                                 CHECKS_CANDIDATES=1 checks the long-row probe's open candidates
 #                                 instead (tools/candidate_backend.py; NORMDIFF_CANDIDATES narrows)
+#   tools/gpu_run.sh setup OUT    once per machine: TileLang and Liger unpacked from .devdeps into
+#                                 /tmp/site, apex's extension built from .gpu/apex-src into
+#                                 /tmp/apex (NVIDIA/apex's csrc layer-norm files, carried); later
+#                                 phases find both there (a warm machine keeps /tmp)
+#   tools/gpu_run.sh memory OUT   the checks on a card of 24 GiB where memory decides: every backend
+#                                 with Liger, --gpu-memory 24GiB --min-check-memory 1GiB
 #   tools/gpu_run.sh tests OUT    the framework's tests
 #   tools/gpu_run.sh bench OUT    the benchmark suite (BENCH_SET, default full: the whole sweep; BENCH_REPEAT passes of the bandwidth
 #                                 part, default 2), the measured shapes (docs/measurements.md); tools.host_cost. BENCH_ARGS adds
@@ -28,6 +34,8 @@
 set -uo pipefail
 phase=$1 out=$2
 mkdir -p "$out"
+[[ -d /tmp/site ]] && PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+[[ -d /tmp/apex && -z ${APEX_LIB:-} ]] && APEX_LIB=/tmp/apex
 export PYTHONPATH=$PWD${APEX_LIB:+:$APEX_LIB}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TORCHINDUCTOR_FX_GRAPH_CACHE=1
 jobs=$(nproc)
 liger=(--backend-file examples/liger_backend.py)
@@ -37,6 +45,24 @@ python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch
 python -m impls.native > "$out/native.log" 2>&1 || echo "native launcher: $(tail -n 1 "$out/native.log")"
 pt() { timeout -s INT -k 20 "$1" python -m pytest "${@:2}" -q -p no:randomly; }
 case $phase in
+setup)
+  start=$SECONDS
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf .devdeps/gpu-site.tar.xz
+  mkdir -p /tmp/apex && TORCH_CUDA_ARCH_LIST=9.0 python -c "
+from torch.utils.cpp_extension import load
+src = '.gpu/apex-src/'
+load('fused_layer_norm_cuda', [src + 'layer_norm_cuda.cpp', src + 'layer_norm_cuda_kernel.cu'], build_directory='/tmp/apex',
+     extra_cflags=['-O3'], extra_cuda_cflags=['-O3', '--use_fast_math', '-maxrregcount=50'])" > "$out/apex-build.log" 2>&1
+  echo "setup: apex exit $?, $((SECONDS - start)) s"
+  PYTHONPATH=/tmp/site:/tmp/apex:$PYTHONPATH python -m harness.doctor --backend-file examples/liger_backend.py | tee "$out/doctor.txt"
+  ;;
+memory)
+  start=$SECONDS
+  timeout -s INT -k 20 "${MEMORY_TIMEOUT:-400}" python -m pytest harness --profile full --backend all "${liger[@]}" \
+     --gpu-memory 24GiB --min-check-memory 1GiB -q -p no:randomly --report-dir="$out" > "$out/memory.log" 2>&1
+  echo "memory: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/memory.log"
+  tail -n 6 "$out/memory.log"
+  ;;
 checks)
   select=(); [[ -n ${CHECKS_K:-} ]] && select=(-k "$CHECKS_K")
   chosen=(--backend all "${liger[@]}")
@@ -88,5 +114,5 @@ longprobe)
     done
   done
   ;;
-*) echo "usage: tools/gpu_run.sh checks|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
+*) echo "usage: tools/gpu_run.sh setup|checks|memory|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
 esac
