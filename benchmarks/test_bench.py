@@ -1,6 +1,6 @@
 """pytest-benchmark benchmarks of every selected kernel: ``pytest --benchmark-only`` from the root.
 
-The sweep, the timing and the report live in ``harness.bench``; ``harness/timing.py`` says exactly
+The sweep, the timing and the report live in ``harness.bench``; ``harness/benchmarks/timing.py`` says exactly
 what a time is.
 """
 from harness.bench import run_benchmark

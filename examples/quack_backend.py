@@ -173,7 +173,7 @@ LAUNCH_SMEM = ("quack 0.6.5's autotune menu at N={n} holds configs whose shared 
 
 
 def case_words(case_id: str) -> tuple[torch.dtype, int] | None:
-    """(dtype, N) of a case id (harness.cases.Case.id: op-dtype-shape-dist[-...]; N ends the shape)."""
+    """(dtype, N) of a case id (harness.judging.cases.Case.id: op-dtype-shape-dist[-...]; N ends the shape)."""
     words = case_id.split("-")
     if len(words) < 3 or words[1] not in ("float32", "float16", "bfloat16"):
         return None

@@ -15,7 +15,7 @@ Each benchmark, in order:
    every output within tolerance on a sample of rows spread over all M (rows are independent).
    A wrong result fails the benchmark: a fast wrong kernel is not a result;
 3. times ``kernel.bench_callable`` (the kernel's own work on prepared rows and outputs, no
-   validation) with ``harness.timing`` inside ``benchmark.pedantic``: warm-up rounds first, then
+   validation) with ``harness.benchmarks.timing`` inside ``benchmark.pedantic``: warm-up rounds first, then
    the rounds whose median is the result;
 4. puts bytes, GB/s, % of the copy ceiling measured once in this session, the speedup over the
    baseline kernel (``--bench-baseline``, timed first in each group) and how it was timed into
@@ -26,24 +26,25 @@ leaves a report) pytest-benchmark's own JSON document, with a ``normdiff`` secti
 failures, environment, ceiling), is written to ``<report-dir>/benchmark.json`` and rendered by
 ``harness.report.benchmark`` into ``benchmark.md`` and PNG plots.
 
-Where each part lives: the sweep in harness.bench_sweep, the session (arena, ceiling, timers, the
-report) in harness.bench_context, one forward benchmark in harness.bench_forward, the backward
-regime in harness.bench_backward; this module holds the options and the parametrisation.
+Where each part lives: the sweep in harness.benchmarks.bench_sweep, the session (arena, ceiling, timers, the
+report) in harness.benchmarks.bench_context, one forward benchmark in harness.benchmarks.bench_forward, the backward
+regime in harness.benchmarks.bench_backward; this module holds the options and the parametrisation.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness import bench_backward, memory, run, timing
-from harness.bench_context import BenchContext
-from harness.bench_forward import run_forward
-from harness.bench_sweep import BenchItem, items, sweep
-from harness.cases import DTYPES
-from harness.isolation import first_line
-from harness.memory_watch import retryable_oom
-from harness.runner import device_for
-from harness.shapes import HEADLINE_DTYPES
+from harness.benchmarks import bench_backward, timing
+from harness.running import memory, run
+from harness.benchmarks.bench_context import BenchContext
+from harness.benchmarks.bench_forward import run_forward
+from harness.benchmarks.bench_sweep import BenchItem, items, sweep
+from harness.judging.cases import DTYPES
+from harness.running.isolation import first_line
+from harness.running.memory_watch import retryable_oom
+from harness.judging.runner import device_for
+from harness.judging.shapes import HEADLINE_DTYPES
 from impls.base import OPS
 
 CONTEXT = pytest.StashKey[BenchContext]()

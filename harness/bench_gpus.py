@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.workers import visible_gpus
+from harness.running.workers import visible_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "pytest", "benchmarks", "--benchmark-only", "-p", "no:randomly", *pytest_args,
                f"--report-dir={part}"] + (["--shard", f"{k + 1}/{len(gpus)}"] if len(gpus) > 1 else [])
         log = open(out / f"{part.name}.log", "w")  # noqa: SIM115 (closed when the process ends)
-        print(f"GPU {gpu}: {' '.join(cmd)} > {log.name}", flush=True)
+        print(f"{'no GPU' if gpu is None else f'GPU {gpu}'}: {' '.join(cmd)} > {log.name}", flush=True)
         procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), part, log))
     codes = []
     for proc, part, log in procs:

@@ -124,7 +124,7 @@ def machine() -> list[tuple[str, str, str]]:
 
 def backends(files=()) -> list[dict]:
     """One row per backend: whether it runs here, how, and per kernel that cannot, why."""
-    from harness.runner import device_for
+    from harness.judging.runner import device_for
     from impls import registry
 
     # Plug-ins shipped as examples: loaded when present, so their status shows with the built-ins.

@@ -1,5 +1,5 @@
 """A quick speed measurement on the GPU outside pytest: GB/s and % of a device-to-device copy
-measured in the same run, timed exactly as the benchmark suite times (``harness.timing``).
+measured in the same run, timed exactly as the benchmark suite times (``harness.benchmarks.timing``).
 
     python -m harness.measure --backend triton --dtype bfloat16 --shapes 16384x4096,16384x4000,32768x1024
 
@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from harness import timing
-from harness.cases import DTYPES, Case
-from harness.inputs import make_inputs
+from harness.benchmarks import timing
+from harness.judging.cases import DTYPES, Case
+from harness.judging.inputs import make_inputs
 from impls import registry
 from impls.base import UnsupportedCase, dtype_name, spec_of
 

@@ -2,7 +2,7 @@
 
 Loaded by the project's conftest.py, so it is active for ``pytest harness``, and for a run given
 ``--backend-file`` from any directory by the installed entry point (harness.entry). Each process's
-``HarnessState`` (harness.state) holds the run and the checks' records (harness.records). The
+``HarnessState`` (harness.running.state) holds the run and the checks' records (harness.running.records). The
 harness never branches on backend names: it asks the registry for kernels and each kernel for
 what it can run.
 """
@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import attribution, isolation, memory_watch, properties, scheduling, workers
-from harness.cases import DTYPES, Case, backward_catalogue, catalogue
-from harness.controller import Controller
-from harness.progress import Progress
-from harness.run import STATE, backend_status, is_benchmark_run, split_names
-from harness.runner import device_for
-from harness.state import HarnessState
+from harness.judging import properties
+from harness.running import attribution, isolation, memory_watch, scheduling, workers
+from harness.judging.cases import DTYPES, Case, backward_catalogue, catalogue
+from harness.running.controller import Controller
+from harness.running.progress import Progress
+from harness.running.run import STATE, backend_status, is_benchmark_run, split_names
+from harness.judging.runner import device_for
+from harness.running.state import HarnessState
 from impls import registry
 from impls.base import OPS, NormKernel
 

@@ -1,15 +1,16 @@
 """Every selected kernel's backward against the float64 oracle, on the backward catalogue
-(harness.cases.backward_catalogue): the kernel's own forward (for its saved mean and rstd), then
-its backward into poisoned, canaried dx, dw and db (harness.guards), each gradient judged with its
-derived allowance (harness.compare_backward); and the backward's determinism, bit for bit.
+(harness.judging.cases.backward_catalogue): the kernel's own forward (for its saved mean and rstd), then
+its backward into poisoned, canaried dx, dw and db (harness.judging.guards), each gradient judged with its
+derived allowance (harness.judging.compare_backward); and the backward's determinism, bit for bit.
 
 A kernel without a backward is skipped with that reason (``<name> has no backward``).
 """
 import pytest
 
-from harness import compare_backward, memory_watch, properties, runner
+from harness.judging import compare_backward, properties, runner
+from harness.running import memory_watch
 from harness.plugin import expect_known_issue, record
-from harness.run import STATE
+from harness.running.run import STATE
 
 _ORACLE = runner.BackwardOracleCache()  # one per process: a case's checks run one after another
 _LAST: dict = {"case": None, "grads": {}, "allowances": {}}  # the last case here: its kernels' gradients, its allowances

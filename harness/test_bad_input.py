@@ -10,8 +10,8 @@ the kernel does, not an assumption of the harness. The bad inputs themselves sta
 import pytest
 import torch
 
-from harness.run import STATE
-from harness.runner import device_for
+from harness.running.run import STATE
+from harness.judging.runner import device_for
 from impls import callpath
 from impls.base import SUPPORTED_DTYPES, NormInputError, UnsupportedCase, dtype_name, spec_of
 

@@ -1,7 +1,7 @@
 """Every selected kernel against the float64 oracle, inside guards, on every catalogue case."""
 import pytest
 
-from harness import runner
+from harness.judging import runner
 from harness.plugin import expect_known_issue, record
 
 

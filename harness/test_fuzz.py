@@ -1,14 +1,14 @@
 """Cases the catalogue does not list: hypothesis draws shapes, layouts, distributions, eps and
 affine parameters, and every selected kernel must match the oracle inside guards on each; its
 backward too (test_fuzz_backward: dy's distribution drawn as well), where it has one.
-A failure prints the drawn Case; its id rebuilds the same inputs (harness.cases.case_from_id)."""
+A failure prints the drawn Case; its id rebuilds the same inputs (harness.judging.cases.case_from_id)."""
 import pytest
 from hypothesis import HealthCheck, assume, given, seed, settings
 from hypothesis import strategies as st
 
-from harness import runner
+from harness.judging import runner
 from harness.plugin import record
-from harness.cases import AFFINE, DTYPES, Case
+from harness.judging.cases import AFFINE, DTYPES, Case
 
 # Distributions a drawn case may use (NaN rows stay in the catalogue: one NaN row per case).
 DISTS = ("normal", "offset", "large_mean", "constant", "outlier_first", "tiny", "huge")
@@ -77,5 +77,5 @@ def _fuzz(kernel, harness_state, request, backward: bool):
             case, result = failing["case"], failing["result"]
             record(request.node, drawn_case=case.id,
                    errors=[e.to_dict() for e in result.errors], findings=[f.__dict__ for f in result.findings],
-                   message=f"drawn case {case.id} (rebuild: harness.cases.case_from_id)\n{result.failure_message()}")
+                   message=f"drawn case {case.id} (rebuild: harness.judging.cases.case_from_id)\n{result.failure_message()}")
         raise

@@ -11,7 +11,7 @@ the row in registers than fits: its declared capacity is wrong).
 """
 import pytest
 
-from harness.run import STATE
+from harness.running.run import STATE
 from impls.base import UnsupportedCase
 
 

@@ -1,4 +1,4 @@
-"""Determinism and batch invariance of every selected kernel, bit for bit (harness.properties).
+"""Determinism and batch invariance of every selected kernel, bit for bit (harness.judging.properties).
 
 A kernel that declares itself nondeterministic (``NormKernel.nondeterministic``) or not
 batch-invariant (``batch_invariant = False``) is measured and reported, not failed; one that
@@ -10,9 +10,9 @@ fails on a case the kernel declares a known issue on is that issue (``properties
 """
 import pytest
 
-from harness import properties, runner
+from harness.judging import properties, runner
 from harness.plugin import record
-from harness.run import STATE
+from harness.running.run import STATE
 
 
 def pytest_generate_tests(metafunc):

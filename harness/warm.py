@@ -11,7 +11,7 @@ compile one after another inside the single pytest process: minutes of one busy 
 many-core machine. This runs the same work first in worker processes, which leave the compiled
 code in the on-disk caches, and the pytest run then loads it.
 
-- default: every catalogue case of the profile through ``harness.runner.check``: the same
+- default: every catalogue case of the profile through ``harness.judging.runner.check``: the same
   inputs, layouts and guarded outputs as the checks, so the same specialisations. Results are
   not reported here: only the pytest run judges.
 - ``--bench``: ``kernel.prepare(spec)`` and one call for every shape of the benchmark sweep.
@@ -75,15 +75,15 @@ def _run(what: str, task) -> str | None:
 
 
 def _check(key, case_id: str) -> str | None:
-    from harness import runner
-    from harness.cases import case_from_id
+    from harness.judging import runner
+    from harness.judging.cases import case_from_id
 
     return _run(f"{case_id} {key}", lambda: runner.check(_KERNELS[key], case_from_id(case_id)))
 
 
 def _prepare(key, spec) -> str | None:
-    from harness.cases import Case, affine_of
-    from harness.inputs import make_inputs
+    from harness.judging.cases import Case, affine_of
+    from harness.judging.inputs import make_inputs
     from impls.base import dtype_name
 
     k = _KERNELS[key]
@@ -110,8 +110,8 @@ def outcome(fut) -> str | None:
 
 
 def tasks(backends: list[str], profile: str, bench: bool, files: tuple[str, ...]):
-    from harness.cases import catalogue
-    from harness.runner import device_for
+    from harness.judging.cases import catalogue
+    from harness.judging.runner import device_for
     from impls import registry
     from impls.base import NormKernel
 
@@ -120,8 +120,8 @@ def tasks(backends: list[str], profile: str, bench: bool, files: tuple[str, ...]
     if not backends:  # the kernels that compile per shape class
         kernels = [k for k in kernels if type(k).compile_key is not NormKernel.compile_key]
     if bench:
-        from harness import bench_sweep as b
-        from harness.cases import DTYPES
+        from harness.benchmarks import bench_sweep as b
+        from harness.judging.cases import DTYPES
         from impls.base import NormSpec
 
         for s in b.sweep(profile, ("rms_norm", "layer_norm"), tuple(DTYPES)):

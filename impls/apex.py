@@ -77,14 +77,14 @@ CLAMP_MUST_FAIL = 2.0
 
 def clamp_shift(op: str, x, weight, bias, dy, eps: float, stat_dtype=torch.float32) -> float:
     """How far apex's clamp of |weight| to eps moves dx from the gradient, at worst, in units of
-    the harness's dx allowance (harness.compare_backward): 0.0 where no |weight| is below eps."""
+    the harness's dx allowance (harness.judging.compare_backward): 0.0 where no |weight| is below eps."""
     if weight is None:
         return 0.0
     floor = torch.tensor(eps, dtype=weight.dtype, device=weight.device)  # apex's kMinGamma = V(eps)
     clamped = torch.where(weight >= 0, torch.maximum(weight, floor), torch.minimum(weight, -floor))
     if bool((clamped == weight).all()):
         return 0.0
-    from harness import compare_backward  # the oracle and allowances live in the harness
+    from harness.judging import compare_backward  # the oracle and allowances live in the harness
     from impls.reference import reference, reference_backward
 
     grads = reference_backward(op, x, dy, weight, bias, eps)
@@ -100,8 +100,8 @@ def _case_clamp_shift(op: str, case_id: str, device: str) -> float:
     0.0 for a forward case, one without a weight, or where no GPU is present."""
     if device != "cuda" or not torch.cuda.is_available() or "-dy" not in case_id:
         return 0.0
-    from harness.cases import case_from_id
-    from harness.inputs import make_dy, make_inputs
+    from harness.judging.cases import case_from_id
+    from harness.judging.inputs import make_dy, make_inputs
 
     try:
         case = case_from_id(case_id)
@@ -140,7 +140,7 @@ class _Apex(NormKernel):
     variant = "fused"
     devices = ("cuda",)
     # apex's kernels round x^ to the input dtype before the weight multiply, and x^ * w again
-    # before adding the bias: judged under that contract (harness.compare.rounding_allowance).
+    # before adding the bias: judged under that contract (harness.judging.compare.rounding_allowance).
     rounding = "before_affine"
 
     def availability(self) -> str | None:

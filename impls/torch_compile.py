@@ -131,7 +131,7 @@ class _TorchCompile(NormKernel):
         return torch.float32 if device == "cuda" else dtype
 
     def workspace_bytes(self, spec: NormSpec) -> int:
-        """Device bytes a call may allocate beyond its outputs (harness.estimate): a y of its own
+        """Device bytes a call may allocate beyond its outputs (harness.running.estimate): a y of its own
         and float32 copies of x (the backward's autograd through the compiled forward, the
         tuner's copies of the outputs it writes), and on a GPU Inductor's L2 flush buffer."""
         e = spec.rows * spec.n

@@ -72,7 +72,7 @@ class TorchLayerNorm(_TorchEager):
         # aten's CPU native_layer_norm_backward sums db over rows in the input's 16-bit dtype
         # (autograd gives the same bits): at 17 x 1000 bfloat16 it errs by 0.12 where rounding a
         # float32 sum once errs by 0.004 (the backward check found it; CUDA sums in float32).
-        # The case id's words (harness.cases.Case.id): op-dtype-shape-dist[-...][-dy<dist>].
+        # The case id's words (harness.judging.cases.Case.id): op-dtype-shape-dist[-...][-dy<dist>].
         words = case_id.split("-")
         if device != "cpu" or len(words) < 5 or not words[-1].startswith("dy") or words[1] not in ("bfloat16", "float16"):
             return None

@@ -220,7 +220,7 @@ PLANTED = {
 }
 
 
-# -- bugs only the bitwise properties see (harness.properties): within tolerance of the oracle --
+# -- bugs only the bitwise properties see (harness.judging.properties): within tolerance of the oracle --
 class ReductionOrderPerCall(Correct):
     """The row's sums taken in an order that changes from call to call, as partial sums combined
     by atomics are: every call is within tolerance, but two calls differ in the last bits."""

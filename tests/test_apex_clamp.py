@@ -5,7 +5,7 @@ neighbour that passes; and apex's dx emulated in float32 (tools.apex_one_row) fa
 import pytest
 import torch
 
-from harness.cases import case_from_id
+from harness.judging.cases import case_from_id
 from impls import apex, registry
 from impls.reference import reference
 from tools.apex_one_row import FAILING, NEIGHBOURS, emulate_dx, judge

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import bench_forward, bench_sweep, shapes, timing
-from harness.arena import Arena
-from harness.cases import DTYPES
+from harness.benchmarks import bench_forward, bench_sweep, timing
+from harness.judging import shapes
+from harness.benchmarks.arena import Arena
+from harness.judging.cases import DTYPES
 from harness.report import benchmark as report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -523,10 +524,10 @@ def test_report_names_no_backend():
 
 
 def test_paired_host_rounds_rotate_the_order_and_take_each_calls_median(monkeypatch):
-    """harness.timing.paired_host_us: every round times every call once, each round starting
+    """harness.benchmarks.timing.paired_host_us: every round times every call once, each round starting
     with the next call (so none is always first after another's), and each figure is that call's
     median over the rounds, with the round-by-round figures handed back."""
-    from harness import timing
+    from harness.benchmarks import timing
 
     order, values = [], {"a": iter([9.0, 1.0, 2.0, 3.0, 4.0]), "b": iter([5.0, 5.0, 50.0, 5.0, 6.0])}
 
@@ -547,9 +548,9 @@ def test_host_calls_shrink_with_device_time_and_pairs_only_where_judged():
     """A host measurement queues calls whose GPU work still runs after it: at long rows (ms a
     call) the calls are fewer, never under HOST_MIN_CALLS; short calls keep HOST_CALLS. Entry
     points are timed paired with their peers only at the shapes the host target judges."""
-    from harness import timing
-    from harness.bench_forward import host_target_shape
-    from harness.bench_sweep import BenchShape
+    from harness.benchmarks import timing
+    from harness.benchmarks.bench_forward import host_target_shape
+    from harness.benchmarks.bench_sweep import BenchShape
 
     assert timing.host_calls_for(2.0) == timing.HOST_CALLS
     assert timing.host_calls_for(60.0) == timing.HOST_CALLS
@@ -566,11 +567,11 @@ def test_host_calls_shrink_with_device_time_and_pairs_only_where_judged():
 
 
 def test_headline_set_covers_every_regime_and_the_budget_skips_what_cannot_fit():
-    from harness.arena import shape_need
-    from harness.bench_context import BenchContext
-    from harness.bench_forward import CHECK_ELEMENTS
+    from harness.benchmarks.arena import shape_need
+    from harness.benchmarks.bench_context import BenchContext
+    from harness.benchmarks.bench_forward import CHECK_ELEMENTS
     from harness.report.host import judges_host
-    from harness.shapes import HEADLINE_LONG_N
+    from harness.judging.shapes import HEADLINE_LONG_N
 
     shapes = bench_sweep.sweep("full", ["rms_norm", "layer_norm"], ["bfloat16"], 1, "headline")
     regimes = {s.regime for s in shapes}

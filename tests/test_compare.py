@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import compare
+from harness.judging import compare
 from impls.reference import reference
 
 
@@ -130,9 +130,9 @@ def test_rounding_before_affine_is_allowed_exactly_that(op):
 
 def test_agreement_covers_the_statistics_in_allowed_errors():
     """Two kernels with the same y but an rstd 10 allowances apart disagree by 10, on rstd."""
-    from harness import compare as cmp
-    from harness.cases import Case
-    from harness.inputs import make_inputs
+    from harness.judging import compare as cmp
+    from harness.judging.cases import Case
+    from harness.judging.inputs import make_inputs
     from impls.base import NormOutputs
     from impls.reference import reference
 
@@ -148,10 +148,10 @@ def test_agreement_covers_the_statistics_in_allowed_errors():
     assert output == "rstd" and 8 < d < 12
 
 
-# -- the backward's allowances (harness.compare_backward), both ways -----------------------------
+# -- the backward's allowances (harness.judging.compare_backward), both ways -----------------------------
 def _bwd_case(op, dtype, shape, dist="normal", dy_dist="normal"):
-    from harness.cases import Case
-    from harness.runner import BackwardOracleCache
+    from harness.judging.cases import Case
+    from harness.judging.runner import BackwardOracleCache
 
     case = Case(op, dtype, shape, dist=dist, dy_dist=dy_dist)
     inputs, dy, _, ref = BackwardOracleCache().get(case, "cpu")
@@ -200,7 +200,7 @@ def _float32_backward(op, inputs, dy, order="blocks", stat_round=None, drop_rows
 
 
 def _failing(grads, ref, dtype, stat_dtype=torch.float32):
-    from harness.compare_backward import compare_grads
+    from harness.judging.compare_backward import compare_grads
 
     return {e.output for e in compare_grads(grads, ref, DT[dtype], stat_dtype) if not e.ok}
 
@@ -228,7 +228,7 @@ def test_honest_backward_results_pass(op, shape, dist, dy_dist, dtype):
 
 def _catalogue_m_dtypes():
     """Every (M, dtype) of the full backward catalogue (its 2-D cases)."""
-    from harness.cases import backward_catalogue
+    from harness.judging.cases import backward_catalogue
 
     return sorted({(c.rows, c.dtype) for c in backward_catalogue("full") if len(c.shape) == 2 and c.n > 1})
 
@@ -277,8 +277,8 @@ def test_chunked_oracle_judges_as_the_whole_one(monkeypatch, op, dist, planted):
     """Beyond ORACLE_WHOLE_ELEMENTS a case is judged in row chunks, each against its own oracle (a
     float64 copy of a 2**31-element case is 16 GiB): the same verdicts, counts, worst element and
     error sizes as one comparison over the whole, here with chunks of 3 rows over 17 (a tail)."""
-    from harness import runner
-    from harness.cases import Case
+    from harness.judging import runner
+    from harness.judging.cases import Case
     from tests.planted import PLANTED, Correct
 
     kernel = PLANTED[planted](op) if planted else Correct(op)
@@ -302,8 +302,8 @@ def test_chunked_oracle_judges_as_the_whole_one(monkeypatch, op, dist, planted):
 
 def test_cases_beyond_2_31_elements_are_skipped_on_the_cpu():
     """Even with --profile full on the CPU the huge cases do not run there (nothing is drawn)."""
-    from harness import runner
-    from harness.cases import catalogue
+    from harness.judging import runner
+    from harness.judging.cases import catalogue
     from tests.planted import Correct
 
     huge = next(c for c in catalogue("full") if c.rows * c.n > 2**31)

@@ -1,4 +1,4 @@
-"""The simulated card (harness.devmem, ``--simulate-gpu``) answers as CUDA's allocator does:
+"""The simulated card (harness.running.devmem, ``--simulate-gpu``) answers as CUDA's allocator does:
 storages counted while alive (views keep them), cache kept until ``empty_cache``, a factory
 refused before it allocates, the per-process cap, the card shared by processes through its file;
 and torch.compile still compiles beneath it. Each test runs in a fresh process (the card's mode
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def in_process(tmp_path, body: str, size: int = 1 << 30) -> str:
     code = textwrap.dedent("""
         import torch
-        from harness import devmem
+        from harness.running import devmem
         MIB = 1 << 20
         devmem.simulate(SIZE, __import__("pathlib").Path(DIR))
         card = devmem.simulated()
@@ -74,7 +74,7 @@ def test_processes_share_the_cards_memory(tmp_path):
     hold = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time, torch
         from pathlib import Path
-        from harness import devmem
+        from harness.running import devmem
         devmem.simulate(2 << 30, Path({str(tmp_path)!r}))
         devmem.simulated().track()
         x = torch.empty(600 << 20, dtype=torch.uint8)
@@ -93,7 +93,7 @@ def test_processes_share_the_cards_memory(tmp_path):
         """, size=2 << 30)
     finally:
         hold.communicate("\n", timeout=60)
-    from harness.memory import CONTEXT_BYTES
+    from harness.running.memory import CONTEXT_BYTES
 
     used, message = out.split("\n")[:2]
     assert int(used) >= 2 * CONTEXT_BYTES + 600 * 2**20 - 2**20  # both contexts and the other's 600 MiB

@@ -20,9 +20,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import memory_watch, properties
-from harness.cases import backward_catalogue, catalogue
-from harness.memory import GIB, fmt
+from harness.judging import properties
+from harness.running import memory_watch
+from harness.judging.cases import backward_catalogue, catalogue
+from harness.running.memory import GIB, fmt
 from impls import registry
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ and located."""
 import pytest
 import torch
 
-from harness import guards
+from harness.judging import guards
 from tests.planted import Correct
 
 
@@ -79,7 +79,7 @@ def test_chunked_inspection_finds_the_same_as_one_pass(monkeypatch):
 
 
 def test_nan_count_scans_in_chunks(monkeypatch):
-    """The benchmark's NaN scan of every output (harness.bench_forward.verify, bench_backward.screen) goes
+    """The benchmark's NaN scan of every output (harness.benchmarks.bench_forward.verify, bench_backward.screen) goes
     CHUNK_ELEMENTS at a time: one isnan(t).sum() over a 16384 x 262144 output widened its mask to
     32 GiB of int64 and ran an 80 GB card out of memory."""
     monkeypatch.setattr(guards, "CHUNK_ELEMENTS", 8)

@@ -1,4 +1,4 @@
-"""A harness error is never a kernel's failure: the rule (harness.attribution) on exceptions, then
+"""A harness error is never a kernel's failure: the rule (harness.running.attribution) on exceptions, then
 whole runs with a fault injected into the harness (tests/plugins/inject_fault.py) for chosen
 checks, on a simulated GPU so the memory layer runs: exactly those checks are harness errors,
 every other check's outcome is what it is without the fault, and the run exits non-zero."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.attribution import HARNESS_ERROR, harness_error, raised_in_kernel
+from harness.running.attribution import HARNESS_ERROR, harness_error, raised_in_kernel
 from impls.base import NormKernel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,10 +93,10 @@ def test_a_fault_in_admission_is_that_checks_harness_error_alone(baseline, tmp_p
     """Two workers on one simulated card: the ledger fails for one check; it alone is a harness
     error, every other check (later ones on the same worker included) comes out as before."""
     target = _pick(baseline, "test_against_oracle", 1)[0]
-    code, records = run(tmp_path, "admit", "-n", "2", *TORCH, fault=f"harness.ledger:GpuLedger.admit@{target.split('::')[1]}")
+    code, records = run(tmp_path, "admit", "-n", "2", *TORCH, fault=f"harness.running.ledger:GpuLedger.admit@{target.split('::')[1]}")
     assert code != 0
     assert records[target]["outcome"] == HARNESS_ERROR
-    assert "injected fault at harness.ledger:GpuLedger.admit" in records[target]["harness_errors"][0]["error"]
+    assert "injected fault at harness.running.ledger:GpuLedger.admit" in records[target]["harness_errors"][0]["error"]
     assert {n: o for n, o in _outcomes(records).items() if n != target} == \
            {n: o for n, o in _outcomes(baseline).items() if n != target}
     md = (tmp_path / "admit" / "correctness.md").read_text()
@@ -110,8 +110,8 @@ def test_faults_in_every_phase_are_harness_errors(baseline, tmp_path):
     first = next(iter(baseline))  # the first check to run sets the memory layer up
     oracle, drawn = _pick(baseline, "test_against_oracle", 3)[1:]
     teardown = _pick(baseline, "test_backward", 1)[0]
-    faults = {first: "harness.devmem:SimulatedCard.mem_get_info", drawn: "harness.inputs:make_inputs",
-              oracle: "impls.reference:reference", teardown: "harness.memory_watch:MemoryWatch._update_held"}
+    faults = {first: "harness.running.devmem:SimulatedCard.mem_get_info", drawn: "harness.judging.inputs:make_inputs",
+              oracle: "impls.reference:reference", teardown: "harness.running.memory_watch:MemoryWatch._update_held"}
     spec = ";".join(f"{where}@{nodeid.split('::')[1]}" for nodeid, where in faults.items())
     code, records = run(tmp_path, "phases", "-n", "0", *TORCH, fault=spec)
     assert code != 0

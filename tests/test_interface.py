@@ -113,7 +113,7 @@ def _accepted_affine(op: str) -> set[tuple[bool, bool]]:
 def test_every_accepted_weight_and_bias_combination_is_exercised(op):
     from hypothesis import find
 
-    from harness.cases import backward_catalogue, catalogue
+    from harness.judging.cases import backward_catalogue, catalogue
     from harness.test_fuzz import cases
 
     accepted = _accepted_affine(op)
@@ -126,7 +126,7 @@ def test_every_accepted_weight_and_bias_combination_is_exercised(op):
         assert len(dtypes) >= 2  # several dtypes for each combination
         found = {(c.has_weight, c.has_bias) for c in backward_catalogue(profile) if c.op == op}
         assert accepted <= found, f"{profile} backward catalogue never gives {op} {sorted(accepted - found)}"
-    from harness.cases import affine_of
+    from harness.judging.cases import affine_of
     for c in catalogue("quick"):  # affine_of inverts the flags (harness.warm rebuilds cases with it)
         if c.op == "layer_norm":
             assert affine_of(c.has_weight, c.has_bias) == c.affine
@@ -182,8 +182,8 @@ def test_the_full_profile_has_cases_beyond_2_31_elements_and_padded_long_rows():
     float32, never the quick one (the CPU); padded long rows for LayerNorm, which
     tilelang.layer_norm_fwd takes (its two-pass plan) as it takes the huge cases; the huge cases
     run no determinism check and are not warmed by parallel workers."""
-    from harness import properties, shapes
-    from harness.cases import catalogue
+    from harness.judging import properties, shapes
+    from harness.judging.cases import catalogue
 
     full, quick = catalogue("full"), catalogue("quick")
     huge = [c for c in full if c.rows * c.n > 2**31]

@@ -1,4 +1,4 @@
-"""Isolation and scale-out (harness/isolation.py): a kernel that segfaults, hangs, raises or
+"""Isolation and scale-out (harness/running/isolation.py): a kernel that segfaults, hangs, raises or
 leaves a sticky CUDA error fails only its own check, its worker is replaced and every other
 check still runs; the report is one, from the workers' reports; shards merge into what one run
 gives; workers are pinned to GPUs."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import controller, scheduling, workers
+from harness.running import controller, scheduling, workers
 
 pytest.importorskip("xdist")
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_each_fault_is_charged_to_its_own_check_only(tmp_path):
     # The drawn-case crash names the drawn case, not a catalogue one.
     drawn = failed.pop("harness/test_fuzz.py::test_fuzz[rms_norm-faulty_drawn.v1]")
     assert drawn["failure_kind"] == "crashed" and drawn["crash"]["case"].startswith("rms_norm-"), drawn
-    from harness.cases import catalogue
+    from harness.judging.cases import catalogue
 
     assert drawn["crash"]["case"] not in {c.id for c in catalogue("quick")}
     late = recs["harness/test_differential.py::test_against_oracle[rms_norm-bfloat16-1025x769-normal-faulty_late.v1]"]
@@ -157,7 +157,7 @@ class _Kernel:
 
 
 def test_scopes_keep_a_case_together_and_cases_sharing_a_compile_key_in_few_pieces():
-    from harness.cases import catalogue
+    from harness.judging.cases import catalogue
 
     cases = {c.id: c for c in catalogue("quick") if c.op == "rms_norm" and c.dtype == "bfloat16"}
     kernels = {("eager", "rms_norm"): _Kernel("eager", lambda s: None),
@@ -227,7 +227,7 @@ def test_the_harness_runs_with_xdist_disabled(tmp_path):
 def test_cases_beyond_2_31_elements_share_one_heavy_lane():
     """With heavy lanes (workers pinned to GPUs), every case of HUGE_ELEMENTS or more goes to heavy
     lane 0, so at most one of them is held at a time; the other heavy cases avoid that lane."""
-    from harness.cases import Case
+    from harness.judging.cases import Case
 
     cases = {c.id: c for c in (Case("rms_norm", "bfloat16", (524289, 4096)), Case("layer_norm", "float32", (524289, 4096)),
                                Case("rms_norm", "bfloat16", (16385, 131072)), Case("rms_norm", "bfloat16", (16384, 8192)),

@@ -464,8 +464,8 @@ def test_probe_schedule_budget_and_again_on_the_cpu(tmp_path, monkeypatch):
 
     import torch
 
-    from harness import inputs as hc
-    from harness import timing as real_timing
+    from harness.judging import inputs as hc
+    from harness.benchmarks import timing as real_timing
     from impls import base, registry
     from tools import long_row_probe as probe
 

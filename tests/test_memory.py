@@ -13,10 +13,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from harness import memory, properties, runner
-from harness.cases import backward_catalogue, catalogue
-from harness.ledger import GpuLedger, ledger_path
-from harness.memory import GIB, MIB
+from harness.judging import properties, runner
+from harness.running import memory
+from harness.judging.cases import backward_catalogue, catalogue
+from harness.running.ledger import GpuLedger, ledger_path
+from harness.running.memory import GIB, MIB
 from harness.report import build_document, render_markdown
 from harness.report import memory as report_memory
 from impls import registry
@@ -301,7 +302,7 @@ def gpu_watch(tmp_path, fake, asked=None, budget=20 * GIB):
     """A MemoryWatch as an xdist worker of one GPU has it, over a one-case state."""
     from types import SimpleNamespace
 
-    from harness.memory_watch import MemoryWatch
+    from harness.running.memory_watch import MemoryWatch
 
     case = next(c for c in catalogue("quick") if c.op == "rms_norm" and c.shape == (1025, 769))
     registry.load_builtins()

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import runner
-from harness.cases import Case
-from harness.inputs import make_inputs
+from harness.judging import runner
+from harness.judging.cases import Case
+from harness.judging.inputs import make_inputs
 from impls import registry
 from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport
 from impls.reference import reference, reference_backward

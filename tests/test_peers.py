@@ -14,8 +14,8 @@ import torch
 
 import impls.apex as apex
 import impls.torch_compile as tc
-from harness import properties, runner
-from harness.cases import Case
+from harness.judging import properties, runner
+from harness.judging.cases import Case
 from impls import registry
 from impls.base import NormOutputs, NormSpec, OptionalImport
 from impls.reference import reference
@@ -83,8 +83,8 @@ def test_quick_cpu_share_samples_cases_by_seed_and_keeps_known_issues(monkeypatc
     """NormKernel.quick_cpu_every: on the CPU's quick profile a kernel that declares it checks the
     cases whose seed it divides, the rest skipped with the reason; a known issue is always checked
     (it must keep failing); the full profile, and a kernel that declares nothing, check every case."""
-    from harness.cases import catalogue
-    from harness.state import HarnessState, quick_cpu_kept
+    from harness.judging.cases import catalogue
+    from harness.running.state import HarnessState, quick_cpu_kept
 
     kernel = registry.get("rms_norm", "torch_compile")
     plain = registry.get("rms_norm", "torch")
@@ -182,7 +182,7 @@ def test_apex_calls_the_right_entry_point_and_normalises_its_outputs(monkeypatch
     monkeypatch.setattr(apex, "EXT", OptionalImport(apex.EXTENSION, missing=apex.EXT.missing))
     kernel = registry.get(op, "apex")
     case = Case(op=op, dtype="bfloat16", shape=(5, 300), affine=affine, row_pad=20)
-    from harness.inputs import make_inputs
+    from harness.judging.inputs import make_inputs
     inputs = make_inputs(case)
     assert not inputs.x.is_contiguous()
     out = NormOutputs(y=torch.empty(5, 300, dtype=torch.bfloat16),

@@ -1,9 +1,9 @@
-"""The backward check (harness.runner.check_backward) must catch every planted backward bug on
+"""The backward check (harness.judging.runner.check_backward) must catch every planted backward bug on
 the quick backward catalogue, each in the gradient it breaks, and pass the bug-free twin."""
 import pytest
 
-from harness.cases import backward_catalogue
-from harness.runner import BackwardOracleCache, check_backward
+from harness.judging.cases import backward_catalogue
+from harness.judging.runner import BackwardOracleCache, check_backward
 from tests.planted import BACKWARD_PLANTED, Correct, CorrectBackward
 
 # bug -> (ops it applies to, the gradient the check must find wrong)
@@ -92,9 +92,9 @@ def test_a_kernel_without_backward_is_skipped_with_the_reason():
 
 def test_backward_determinism_sees_a_reduction_order_per_call():
     """A dw whose row order changes per call passes the oracle check, and only the bitwise
-    backward determinism check (harness.properties.backward_determinism) catches it."""
-    from harness.cases import Case
-    from harness.properties import backward_determinism
+    backward determinism check (harness.judging.properties.backward_determinism) catches it."""
+    from harness.judging.cases import Case
+    from harness.judging.properties import backward_determinism
     from tests.planted import DwOrderPerCall
 
     case = Case("rms_norm", "float32", (257, 64), dy_dist="normal")
@@ -107,10 +107,10 @@ def test_backward_determinism_sees_a_reduction_order_per_call():
 
 def test_backward_batch_invariance_sees_a_dx_order_by_m():
     """A dx whose row sums change order with the batch's size passes the oracle check and the
-    determinism check; the backward batch-invariance check (harness.properties.
+    determinism check; the backward batch-invariance check (harness.judging.properties.
     backward_batch_invariance) finds dx changing at the batch sizes on the other side of 64 rows,
     and the correct twin is invariant. Its case is the quick profile's."""
-    from harness.properties import backward_batch_cases, backward_batch_invariance, backward_determinism
+    from harness.judging.properties import backward_batch_cases, backward_batch_invariance, backward_determinism
     from tests.planted import DxOrderByM
 
     case = next(c for c in backward_batch_cases("quick") if c.op == "layer_norm")

@@ -1,8 +1,8 @@
 """The harness must catch every planted bug on the quick profile, and pass the control."""
 import pytest
 
-from harness.cases import catalogue
-from harness.runner import CheckResult, OracleCache, check
+from harness.judging.cases import catalogue
+from harness.judging.runner import CheckResult, OracleCache, check
 from tests.planted import PLANTED, Correct
 
 

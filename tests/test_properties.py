@@ -1,4 +1,4 @@
-"""Determinism and batch invariance (harness.properties): each planted bug is caught by its own
+"""Determinism and batch invariance (harness.judging.properties): each planted bug is caught by its own
 check alone, the harness's own kernels are held to their declarations, and the report says so."""
 import json
 import os
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from harness import properties
-from harness.cases import Case, catalogue
-from harness.runner import OracleCache, check
+from harness.judging import properties
+from harness.judging.cases import Case, catalogue
+from harness.judging.runner import OracleCache, check
 from impls.base import NormOutputs
 from tests.planted import PROPERTY_PLANTED, Correct
 
@@ -110,8 +110,9 @@ def test_batch_invariance_cases_are_weighed_by_the_scheduler():
     """The batch-invariance cases (up to 4096 x 65536) are in the scheduler's case index, so their
     checks run in the heavy lanes; outside it they spread over every worker and, on the H200 at
     27152d6, ran the GPU out of memory."""
-    from harness import properties, scheduling
-    from harness.state import HarnessState
+    from harness.judging import properties
+    from harness.running import scheduling
+    from harness.running.state import HarnessState
 
     state = HarnessState(kernels=[], cases=[], profile="full", selection={},
                          batch_cases=properties.batch_cases("full"))

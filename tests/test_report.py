@@ -40,8 +40,8 @@ def _doc():
 
 def test_markdown_states_counts_failures_skips_and_agreement():
     md = report.render_markdown(_doc())
-    assert "**1 passed, 1 failed, 1 skipped** (3 checks)" in md
-    assert "| triton.rowwise | rms_norm | test_against_oracle | 1 | 1 | 1 |" in md
+    assert "**1 passed, 1 failed, 0 harness errors, 1 skipped** (3 checks)" in md
+    assert "| triton.rowwise | rms_norm | test_against_oracle | 1 | 1 | 0 | 1 |" in md  # passed, failed, harness errors, skipped
     assert "N=70000 exceeds triton.rowwise's limit of 65536 | 1 |" in md  # skip reason, counted apart
     assert "**unwritten** in `y`: 7 element(s), first at [2, 0]" in md
     assert "| y | 3/100 | 0.5 | 64 | 0.01 | 64 |" in md
@@ -77,7 +77,7 @@ def test_compiled_only_kernels_are_listed_apart_and_never_passed():
     md = report.render_markdown(doc)
     assert "## tilelang on sm_90: compiled, not executed" in md
     assert "| tilelang.fragment | bfloat16 | 4000 | weight | 8 | 256 | 34 | 0 + 1024 | 0 / 0 | sm_90 | 1.2 |" in md
-    assert "**1 passed, 1 failed, 1 skipped** (3 checks)" in md  # compiling counts as no check at all
+    assert "**1 passed, 1 failed, 0 harness errors, 1 skipped** (3 checks)" in md  # compiling counts as no check at all
     doc["compiled"] = [{**entry, "executed": True}]
     assert "## tilelang on sm_90: compiled\n" in report.render_markdown(doc)
     assert "compiled, not executed" not in report.render_markdown({**doc, "compiled": []})
@@ -107,6 +107,6 @@ def test_reports_of_side_by_side_runs_merge(tmp_path):
     merged = json.loads((tmp_path / "merged" / "correctness.json").read_text())
     assert len(merged["records"]) == 4 and merged["elapsed_s"] == 5.0
     md = (tmp_path / "merged" / "correctness.md").read_text()
-    assert "**1 passed, 2 failed, 1 skipped**" in md
+    assert "**1 passed, 2 failed, 0 harness errors, 1 skipped**" in md
     assert "--backend tilelang --profile full" in md and "--backend triton --profile quick" in md
     assert "tilelang 0.1.15" in md

@@ -108,7 +108,7 @@ def test_progress_lines_are_plain_text_a_ci_log_can_read(tmp_path):
                       "--profile", "quick", "--progress-every", "0", "-n", "0", f"--report-dir={tmp_path}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[normdiff ")]
     assert lines and "\x1b" not in proc.stdout
-    from harness.cases import catalogue
+    from harness.judging.cases import catalogue
 
     n = sum(1 for c in catalogue("quick") if c.op == "rms_norm" and c.dtype == "bfloat16")
     assert re.search(rf"\] {n}/{n} checks \| torch {n}/{n} done", lines[-1]), lines[-1]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import runner
-from harness.cases import catalogue
+from harness.judging import runner
+from harness.judging.cases import catalogue
 from impls import base, registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def test_a_missing_aten_operator_skips_the_kernel_with_that_reason(monkeypatch):
     with pytest.raises(base.UnsupportedCase, match="lacks aten._fused_rms_norm"):
         kernel(torch.ones(2, 8), None, None, 1e-6)
     assert registry.get("layer_norm", "torch", "eager").unavailable() is None  # the other op still runs
-    from harness.run import backend_status
+    from harness.running.run import backend_status
 
     note, why_backend = backend_status(registry.kernels(["torch"]))["torch"]
     assert why_backend is None and "rms_norm torch.eager unavailable: torch" in note

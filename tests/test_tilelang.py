@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import runner
-from harness.cases import Case
+from harness.judging import runner
+from harness.judging.cases import Case
 from impls import registry
 from impls.base import NormSpec, cuda_present
 from impls.tilelang import compiler

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from harness import timing
+from harness.benchmarks import timing
 from impls import registry
 
 

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from harness import compare_backward
-from harness.cases import case_from_id
-from harness.inputs import make_dy, make_inputs
+from harness.judging import compare_backward
+from harness.judging.cases import case_from_id
+from harness.judging.inputs import make_dy, make_inputs
 from impls.base import NormGrads
 from impls.reference import reference
 from tools.cuda_draws import cuda_draws

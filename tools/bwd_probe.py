@@ -3,7 +3,7 @@
 For each op and shape (bfloat16, full affine): the setting backward_config gives ("default") and
 the CANDIDATES for that N (less the default), each checked against the float64 oracle first (relative L2
 error of dx on sample rows, of dw and db over all rows), then timed as the benchmarks time
-(harness.timing.gpu_time_ms: settled, cold L2) and written as % of the copy bandwidth, with bytes
+(harness.benchmarks.timing.gpu_time_ms: settled, cold L2) and written as % of the copy bandwidth, with bytes
 as the benchmark counts them (timing.bytes_moved_backward). The default setting is also checked
 bitwise: two calls give the same bits, and dx of the first rows alone equals theirs in the batch.
 
@@ -61,7 +61,7 @@ def _errors(op, x, w, b, dy, grads, eps, sample) -> dict:
 
 def _inputs(op: str, m: int, n: int, dev: str, kernel):
     """x, w, b, dy of one shape (bfloat16, full affine) and the forward's saved statistics."""
-    from harness.bench_backward import draw_dy
+    from harness.benchmarks.bench_backward import draw_dy
     from impls.base import DEFAULT_EPS, NormOutputs
 
     dtype = torch.bfloat16
@@ -104,8 +104,8 @@ def _bitwise(k, x, w, b, dy, saved, eps, grads, cfg, fn) -> dict:
 
 def _measure(k, op, inputs, setting, cfg, tools, ceiling, smoke: bool) -> dict:
     """One setting: checked against the oracle (and bitwise, the default), then timed."""
-    from harness import timing
-    from harness.bench_forward import sample_rows
+    from harness.benchmarks import timing
+    from harness.benchmarks.bench_forward import sample_rows
     from impls.base import DEFAULT_EPS, NormGrads
 
     x, w, b, dy, saved = inputs
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     dev = "cpu" if args.smoke else "cuda"
     shapes = ((1100, 1024), (40, 8192)) if args.smoke else SHAPES
-    from harness import timing
+    from harness.benchmarks import timing
     from impls import registry
     from impls.triton.settings import BWD_SETTINGS
 

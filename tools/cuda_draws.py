@@ -1,6 +1,6 @@
 """A case's inputs as the harness draws them on a GPU, rebuilt on a CPU.
 
-harness.inputs.make_inputs and make_dy draw on the device they test: on a GPU with a CUDA
+harness.judging.inputs.make_inputs and make_dy draw on the device they test: on a GPU with a CUDA
 generator, whose numbers are not a CPU generator's for the same seed. ``cuda_draws`` emulates
 torch's CUDA randn (distribution_elementwise_grid_stride_kernel in
 ATen/native/cuda/DistributionTemplates.h over curand's Philox4x32-10 and Box-Muller), so that a
@@ -43,7 +43,7 @@ def cuda_randn(seed: int, offset: int, numel: int, double: bool) -> tuple[np.nda
 
 
 def cuda_draws(case) -> list:
-    """[x, weight, bias, dy] of a harness.cases.Case as a GPU run draws them (CPU tensors, x's
+    """[x, weight, bias, dy] of a harness.judging.cases.Case as a GPU run draws them (CPU tensors, x's
     dtype float32 only; weight or bias None where the case has none)."""
     if case.dist != "normal" or case.row_pad or case.dy_dist != "normal" or case.dtype != "float32":
         raise ValueError(f"{case.id}: only float32 cases with normal x and dy and no padding are emulated")

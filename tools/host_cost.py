@@ -5,7 +5,7 @@ project's entry points, and TileLang's execution backends.
 
     python -m tools.host_cost --backend-file examples/liger_backend.py --json OUT/host_cost.json
 
-Host µs per call is timed as the benchmark's host column (harness.timing.host_call_us: back-to-back
+Host µs per call is timed as the benchmark's host column (harness.benchmarks.timing.host_call_us: back-to-back
 calls, the GPU held busy). The profile runs ``--profile-calls`` calls of each entry point under
 cProfile and prints the functions with the most time of their own (docs/perf-notes.md quotes it).
 """
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from harness import timing
+from harness.benchmarks import timing
 from impls import callpath, fastpath, native, registry
 from tools import _session
 

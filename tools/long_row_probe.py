@@ -1,5 +1,5 @@
 """Long rows on the GPU: the candidate kernels at N = 65536, 131072, 262144, each as % of a copy
-timed in the same process (harness.timing, as harness.measure times), with a float64 check of
+timed in the same process (harness.benchmarks.timing, as harness.measure times), with a float64 check of
 sampled rows, a repeat compared bit for bit and the first rows run alone (batch invariance).
 
     python -m tools.long_row_probe --out "$OUT" [--ops rms_norm,layer_norm] [--dtype bfloat16]
@@ -10,7 +10,7 @@ compiled first in parallel; with --again each N's candidates are timed once more
 order (the mean of the two readings cancels a drift over the group). No candidate starts after
 --budget seconds, which are shared out over the tiers' N by their number of candidates, so a
 short budget drops the last candidates of each N rather than whole N. M: x of about 1 GiB
-(--bench-rows: the benchmark's M, harness.shapes.bandwidth_rows, 2^31 elements and more at
+(--bench-rows: the benchmark's M, harness.judging.shapes.bandwidth_rows, 2^31 elements and more at
 N >= 131072). Writes long_rows.json and long_rows.txt under --out. The candidates, their labels
 and tiers: tools/long_row_candidates.py.
 """
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from harness import timing
-from harness.cases import DTYPES, Case
-from harness.inputs import make_inputs
-from harness.shapes import bandwidth_rows
+from harness.benchmarks import timing
+from harness.judging.cases import DTYPES, Case
+from harness.judging.inputs import make_inputs
+from harness.judging.shapes import bandwidth_rows
 from impls import registry
 from impls.base import UnsupportedCase, dtype_name, spec_of
 from tools.long_row_candidates import affine_of, candidates

@@ -6,7 +6,7 @@ For each op and shape (bfloat16, weight, and bias for LayerNorm) it runs the ker
 its saved statistics, then each plan of CANDIDATES (``impls.tilelang.backward.backward_plan``
 overrides; "rule" is the plan the kernel runs), the whole backward as a user calls it (kernel,
 partial sums, rounding into dw/db), checked against the float64 oracle (max |error| over max
-|reference| of dx, dw, db) and timed as the benchmarks time (``harness.timing.gpu_time_ms``, cold
+|reference| of dx, dw, db) and timed as the benchmarks time (``harness.benchmarks.timing.gpu_time_ms``, cold
 L2). Bytes are the backward's fewest (``timing.bytes_moved_backward``). Compilation runs first in
 ``--jobs`` worker processes sharing TileLang's disk cache.
 """
@@ -114,7 +114,7 @@ def compile_all(args, unique: list) -> None:
 def probe_shape(op: str, m: int, n: int, plans: list, tools, ceiling: float, rounds: int) -> list[dict]:
     """Every plan of one shape: run once into gradients poisoned with NaN, checked against the
     float64 oracle, then timed; the results."""
-    from harness import timing
+    from harness.benchmarks import timing
     from impls import registry
 
     kernel, eps, dt = registry.get(op, "tilelang", VARIANT[op]), 1e-6, torch.bfloat16

@@ -6,7 +6,7 @@
 
 For each variant (fragment, layer_norm_fwd), dtype and N it times every plan of ``candidates()``
 (threads per row, and the launch bound ``min_blocks``) on M = max(16384, 2**26 / N) rows with
-cold L2 as the benchmarks time them (``harness.timing.gpu_time_ms``), or, given ``--ms``, at
+cold L2 as the benchmarks time them (``harness.benchmarks.timing.gpu_time_ms``), or, given ``--ms``, at
 those few rows by CUDA-graph replay as the decode benchmarks do. Each plan's y is checked
 against a float64 reference before it is timed. Compilation runs first in ``--jobs`` worker
 processes that share TileLang's disk cache, so the timing process only loads.
@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from harness import timing
-from harness.shapes import bandwidth_rows
-from harness.cases import DTYPES
+from harness.benchmarks import timing
+from harness.judging.shapes import bandwidth_rows
+from harness.judging.cases import DTYPES
 from impls import registry
 from tools import _session
 from impls.tilelang import compiler

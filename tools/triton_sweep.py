@@ -6,7 +6,7 @@
 
 For each op, dtype, N and variant it times every launch setting of ``settings()`` (rows per
 program, warps, and for looped the chunk width) on M = max(16384, 2**26 / N) rows, cold L2,
-timed as the benchmarks time (``harness.timing.gpu_time_ms``), and prints GB/s and % of the
+timed as the benchmarks time (``harness.benchmarks.timing.gpu_time_ms``), and prints GB/s and % of the
 copy ceiling of the same run, the heuristic's own choice marked. Compilation runs first in
 ``--jobs`` worker processes that share Triton's cache, so the timing process only loads.
 """
@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from harness import timing
-from harness.shapes import BANDWIDTH_N, BENCH_LONG_N, bandwidth_rows
-from harness.cases import DTYPES
+from harness.benchmarks import timing
+from harness.judging.shapes import BANDWIDTH_N, BENCH_LONG_N, bandwidth_rows
+from harness.judging.cases import DTYPES
 from impls import registry
 from tools import _session
 from impls.gpu_limits import next_pow2

@@ -6,8 +6,8 @@ from __future__ import annotations
 import shlex
 from collections import Counter, defaultdict
 
-from harness.attribution import HARNESS_ERROR
 from harness.report import memory, properties
+from harness.report.outcomes import HARNESS_ERROR
 from harness.report.markdown import fmt, table
 
 # Two kernels whose y differ by more than one allowed error (each may err by one, in opposite
@@ -195,7 +195,7 @@ def render_harness_errors(doc: dict, errors: list[dict]) -> list[str]:
         e = (r.get("harness_errors") or [{}])[0]
         groups[(e.get("error", "?"), e.get("where", "?"), e.get("phase", "?"))].append(r)
     lines = [f"### Harness errors ({len(errors)}): not the kernels'", "",
-             "Raised outside every kernel's call (harness/attribution.py has the rule): a defect of normdiff, "
+             "Raised outside every kernel's call (harness/running/attribution.py has the rule): a defect of normdiff, "
              "to be reported; the kernels' outcomes in these checks are unknown.", ""]
     lines += table(["error", "where", "phase", "checks", "first"], [
         [err.replace("|", "\\|"), f"`{where}`", phase, len(rs), f"`{rs[0]['nodeid'].split('::')[-1]}`"]
@@ -207,7 +207,7 @@ def render_harness_errors(doc: dict, errors: list[dict]) -> list[str]:
 def render_failure(doc: dict, r: dict) -> list[str]:
     lines = [f"### `{r['nodeid'].split('::')[-1]}`", ""]
     if r.get("drawn_case"):
-        lines += [f"- drawn case: `{r['drawn_case']}` (`harness.cases.case_from_id` rebuilds its inputs)", ""]
+        lines += [f"- drawn case: `{r['drawn_case']}` (`harness.judging.cases.case_from_id` rebuilds its inputs)", ""]
     if r.get("failure_kind"):
         c = r.get("crash") or {}
         lines += [f"- **{r['failure_kind']}**: {c.get('detail', '')} ({c.get('where', '')}, worker {c.get('worker', '?')})", ""]
@@ -251,7 +251,7 @@ def render_agreement(doc: dict) -> list[str]:
              "both write (mean, rstd), in units of the error each may make against the oracle (the "
              "tolerance above); cases compared in brackets; a worst case names the statistic where one "
              "was furthest apart. `inf` means their NaN patterns differ. The *backward* tables compare dx, dw "
-             "and db the same way, each in its own allowed error (harness/compare_backward.py).", ""]
+             "and db the same way, each in its own allowed error (harness/judging/compare_backward.py).", ""]
     by_table: dict[tuple, dict] = defaultdict(dict)
     unit = "allowed errors"
     for a in doc.get("agreement", ()):

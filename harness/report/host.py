@@ -3,14 +3,14 @@
 Each benchmark row on a GPU carries, beside its device time (``median_s``: CUDA events, launch
 latency outside them), the cost of the call a user makes (``NormKernel.user_call``, named in the
 row): ``host_us``, host µs per call back to back with the GPU held busy, and ``wall_us``, wall µs
-per call in steady state with the host included and no graph (``harness.timing``). The device-time
+per call in steady state with the host included and no graph (``harness.benchmarks.timing``). The device-time
 targets (``targets.py``) stay on device time; the targets here are on these two columns:
 
 - host µs of each project entry point (``entry_point`` rows: the project's public entry points)
   <= that of every peer that ran the shape, at every decode shape and at the bandwidth shapes of N
   in HOST_BANDWIDTH_N. Where the row carries a paired measurement (``paired``: the entry point and
   the peers' calls timed in interleaved rounds on the same inputs,
-  ``harness.timing.paired_host_us``) the target compares those calls round by round: the median
+  ``harness.benchmarks.timing.paired_host_us``) the target compares those calls round by round: the median
   over the rounds of (entry point - peer) in the same round must not be above 0. The rows' own
   host µs were timed minutes apart, and the host's drift between them (several µs) is the size of
   the differences judged; and the host flips between two states about 5 µs a call apart from
@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 
 from harness.report.markdown import table
-from harness.shapes import HOST_BANDWIDTH_N
+from harness.judging.shapes import HOST_BANDWIDTH_N
 
 WALL_OVER_DEVICE = 1.15
 DECODE_WALL_SLACK = 0.10

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from harness.memory import TOO_BIG, fmt
+from harness.report.outcomes import TOO_BIG, fmt
 
 EXAMPLES = 3
 # A kernel whose checks left this much allocated after them in all (beyond the harness's caches)

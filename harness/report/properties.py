@@ -1,4 +1,4 @@
-"""The correctness report's sections on determinism and batch invariance (harness.properties),
+"""The correctness report's sections on determinism and batch invariance (harness.judging.properties),
 from the records of ``test_deterministic``, ``test_batch_invariant`` and their backward twins."""
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ other kernel that ran is a peer: no backend is named here.
 from __future__ import annotations
 
 from harness.report.benchmark_results import repeatability
-from harness.shapes import (BACKWARD_TARGET_N, BANDWIDTH_ELEMENTS, TARGET_LONG_N, TARGET_MID_N,
+from harness.judging.shapes import (BACKWARD_TARGET_N, BANDWIDTH_ELEMENTS, TARGET_LONG_N, TARGET_MID_N,
                             TARGET_SHORT_MIN_M, TARGET_SHORT_N)
 
 

@@ -18,8 +18,8 @@ import os
 import time
 
 
-from harness import isolation
-from harness.cases import catalogue
+from harness.running import isolation
+from harness.judging.cases import catalogue
 from tests.plugins.rms_base import FaultableRMSNorm
 from impls.registry import register
 

@@ -1,7 +1,7 @@
 """A pytest plugin (``-p tests.plugins.inject_fault``) that makes the harness itself fail in one
 check: ``NORMDIFF_FAULT=WHERE@NODEID[;WHERE@NODEID...]`` raises a RuntimeError from WHERE while the
 check whose node id ends with NODEID runs. WHERE is ``module:attribute`` (a function or method the
-harness calls, e.g. ``harness.ledger:GpuLedger.admit``, ``harness.inputs:make_inputs``,
+harness calls, e.g. ``harness.running.ledger:GpuLedger.admit``, ``harness.judging.inputs:make_inputs``,
 ``impls.reference:reference``), replaced wherever a harness module imported it."""
 from __future__ import annotations
 

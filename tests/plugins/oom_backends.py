@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from harness import isolation
+from harness.running import isolation
 from tests.plugins.rms_base import FaultableRMSNorm
 from impls.registry import register
 

@@ -1,4 +1,4 @@
-"""The xdist controller's side of isolation (harness.isolation): a directory shared with the
+"""The xdist controller's side of isolation (harness.running.isolation): a directory shared with the
 workers, and when a worker dies, its check recorded from the worker's note and fault files
 (*crashed*, *hung*, *compile timeout*, or *out of memory*) and its kernel's crashes counted;
 after ``--crash-limit`` of them the kernel's remaining checks are *not run*."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import memory
+from harness.running import memory
 
 NOT_RUN = "not run: "  # prefix of a check's skip reason when it never ran (its kernel kept crashing)
 

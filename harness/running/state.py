@@ -1,5 +1,5 @@
 """The run's state in each process (``HarnessState``, registered as a plugin object by
-harness.plugin): the selected kernels and cases, the records of the checks (harness.records), the
+harness.plugin): the selected kernels and cases, the records of the checks (harness.running.records), the
 agreement between kernels, the watch of kernel calls or the controller; it writes the correctness
 report."""
 from __future__ import annotations
@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harness import compare, isolation
-from harness.cases import Case
-from harness.controller import Controller
-from harness.records import collect_records, fold_report, save_collection
+from harness.judging import compare
+from harness.running import isolation
+from harness.judging.cases import Case
+from harness.running.controller import Controller
+from harness.running.records import collect_records, fold_report, save_collection
 from harness.report import add_agreement_cell
-from harness.run import backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir
-from harness.runner import CheckResult, OracleCache, device_for
+from harness.running.run import backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir
+from harness.judging.runner import CheckResult, OracleCache, device_for
 from impls.base import NormKernel
 
 
@@ -147,7 +148,7 @@ class HarnessState:
         add_agreement_cell(self.agreement.setdefault((op, dtype, a, b), [0.0, 0, ""]), d, 1, case_id)
 
     # Registered as a plugin object, so pytest calls these hooks too; what they do to the
-    # records is harness.records'.
+    # records is harness.running.records'.
     def pytest_collection_modifyitems(self, items):
         collect_records(self, items)
 
@@ -160,7 +161,7 @@ class HarnessState:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_makereport(self, item, call):
-        # How many of this check's kernel calls compiled first (harness.progress counts them).
+        # How many of this check's kernel calls compiled first (harness.running.progress counts them).
         if call.when == "call" and self.watch is not None and self.watch.item_compiles:
             item.user_properties.append(("normdiff", {"compiled": self.watch.item_compiles}))
 

@@ -1,5 +1,5 @@
 """Every row length N and row count M the harness runs, in one place: the check catalogue's
-(harness.cases), the benchmark sweep's (harness.bench) and the speed targets'
+(harness.judging.cases), the benchmark sweep's (harness.bench) and the speed targets'
 (harness.report.targets, harness.report.host)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ POW2_N = tuple(2**k for k in range(17))  # 1 .. 65536
 CHECK_LONG_N = (65537, 100000, 131072, 262143, 262144)  # beyond one block: for kernels that claim it
 CHECK_LONG_N_QUICK = (65537, 100000)
 # Beyond 2**31 elements (the full profile: a GPU): 64-bit offsets, in every kernel (N = 4096) and in
-# the long-row ones; (shape, dtypes). Judged in row chunks (harness.runner.ChunkedReference), one
-# such case at a time (harness.scheduling), no determinism check (two calls' outputs and their bit
+# the long-row ones; (shape, dtypes). Judged in row chunks (harness.judging.runner.ChunkedReference), one
+# such case at a time (harness.running.scheduling), no determinism check (two calls' outputs and their bit
 # comparison would take tens of GB).
 HUGE_ELEMENTS = 2**31
 HUGE_CASES = (((524289, 4096), ("bfloat16", "float32")), ((16385, 131072), ("bfloat16",)))
@@ -27,7 +27,7 @@ BACKWARD_LARGE_M = 65537
 BACKWARD_N = (1, 7, 127, 1000, 4097)
 BACKWARD_N_FULL = (769, 4000, 4096, 8192, 12345)
 
-# Batch invariance (harness.properties): rows of an M x N case recomputed in smaller batches.
+# Batch invariance (harness.judging.properties): rows of an M x N case recomputed in smaller batches.
 BATCH_N = (1000, 1024, 4096, 8192, 65536)
 BATCH_N_QUICK = (1000,)
 BATCH_M, BATCH_M_QUICK = 4096, 256

@@ -1,8 +1,8 @@
 """Around every check on a GPU: memory admission, the measured peak, an out-of-memory retried
-alone, and memory a kernel keeps after its call (harness.memory has the estimate and the ledger).
+alone, and memory a kernel keeps after its call (harness.running.memory has the estimate and the ledger).
 
 Registered by harness.plugin in each process that runs checks (an xdist worker, or the one
-process of ``-n 0``). Every question about device memory goes through harness.devmem's card: the
+process of ``-n 0``). Every question about device memory goes through harness.running.devmem's card: the
 CUDA device, or under ``--simulate-gpu`` a simulated one for the CPU's checks; a check with no card
 (the CPU, not simulating) passes through untouched.
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import devmem, ledger, memory
-from harness.isolation import first_line
-from harness.memory import OOM, TOO_BIG, fmt
+from harness.running import devmem, ledger, memory
+from harness.running.isolation import first_line
+from harness.running.memory import OOM, TOO_BIG, fmt
 
 # Memory a check leaves allocated beyond the harness's own caches, counted from this much per check.
 RETAINED_MIN = 1 * memory.MIB
@@ -280,7 +280,7 @@ def addoption(group) -> None:
 
 def configure_simulation(config) -> None:
     """``--simulate-gpu SIZE`` (the controller, or the one process, before any worker starts): this
-    process and every worker it starts simulate one GPU of SIZE (harness.devmem)."""
+    process and every worker it starts simulate one GPU of SIZE (harness.running.devmem)."""
     asked = config.getoption("simulate_gpu", None)
     if not asked or hasattr(config, "workerinput"):
         return

@@ -23,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.memory import CONTEXT_BYTES, fmt
+from harness.running.memory import CONTEXT_BYTES, fmt
 
 SIMULATE_ENV = "NORMDIFF_SIMULATE_GPU"  # "BYTES:FILE": the simulated card's size and its processes' file
 BLOCK = 512  # the caching allocator rounds every block up to this
@@ -120,7 +120,7 @@ class SimulatedCard:
     def track(self) -> None:
         """From now on, this process's allocations count (it holds a context on the card)."""
         if self._mode is None:
-            from harness import devmem_mode
+            from harness.running import devmem_mode
 
             self._mode = devmem_mode.Tracker(self)
             self._mode.__enter__()

@@ -1,19 +1,19 @@
 """Isolation and scale-out: a kernel that crashes or hangs fails only its own checks, and the
 checks spread over every core and GPU of the host, through pytest-xdist.
 
-- **Workers** (harness/workers.py). ``pytest harness`` runs its checks in xdist workers by default
+- **Workers** (harness/running/workers.py). ``pytest harness`` runs its checks in xdist workers by default
   (``-n 0``: one process, no isolation). Each worker is pinned to one GPU (CUDA_VISIBLE_DEVICES in
   its spec, so a replacement keeps it); ``--workers-per-gpu`` sets how many share one.
-- **Scheduling** (harness/scheduling.py): every check of a case goes to one worker; cases that
+- **Scheduling** (harness/running/scheduling.py): every check of a case goes to one worker; cases that
   share a kernel's compile key are kept in few workers.
-- **Crashes** (here, the watch around each kernel call; harness/controller.py, the controller's
+- **Crashes** (here, the watch around each kernel call; harness/running/controller.py, the controller's
   side). Before each kernel call the worker writes what it is about to run into a note file;
   faulthandler writes fatal signals and timeouts into a fault file. When a worker dies, the
   controller reads both and records the check as *crashed* (signal, sticky CUDA error) or *hung*
   (its time limit passed); xdist replaces the worker. A sticky CUDA error is found by the
   synchronize right after the call, and the worker exits at once, so no later check inherits it.
   After ``--crash-limit`` crashes of one kernel its remaining checks are *not run*.
-- **Shards** (``--shard K/N``, harness/scheduling.py): deterministic, a case's checks kept together.
+- **Shards** (``--shard K/N``, harness/running/scheduling.py): deterministic, a case's checks kept together.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import memory
+from harness.running import memory
 
 
 

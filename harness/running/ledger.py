@@ -1,4 +1,4 @@
-"""The ledger one GPU's workers share (harness.memory has the estimate and the budget): one JSON
+"""The ledger one GPU's workers share (harness.running.memory has the estimate and the budget): one JSON
 file per GPU that every worker reads and writes under ``flock`` on the file itself, shared for a
 read and exclusive for a write. The file is created once and rewritten in place, never replaced
 by a rename: ``flock`` locks an inode, so after a rename two writers could each hold "the" lock
@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from harness.memory import CONTEXT_BYTES
+from harness.running.memory import CONTEXT_BYTES
 
 POLL_S = 0.05
 

@@ -110,7 +110,7 @@ def invocation(config) -> str:
 
 
 def _simulated_gpu() -> str | None:
-    from harness import devmem
+    from harness.running import devmem
 
     card = devmem.simulated()
     return f"none: a simulated GPU of {card.size / 2**30:g} GiB (--simulate-gpu; checks run on the CPU)" if card else None

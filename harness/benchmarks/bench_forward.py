@@ -1,6 +1,6 @@
 """One forward benchmark: its problem, one call judged against the oracle on a sample of rows,
 the timed rounds with what they measured in ``benchmark.extra_info``, and on a GPU the host cost
-of the call a user makes. The session's shared pieces come from ``ctx`` (harness.bench_context)."""
+of the call a user makes. The session's shared pieces come from ``ctx`` (harness.benchmarks.bench_context)."""
 from __future__ import annotations
 
 import math
@@ -10,11 +10,12 @@ import time
 import pytest
 import torch
 
-from harness import run, timing
-from harness.bench_sweep import BenchShape
-from harness.cases import DTYPES
-from harness.guards import nan_count
-from harness.runner import device_for, judge
+from harness.benchmarks import timing
+from harness.running import run
+from harness.benchmarks.bench_sweep import BenchShape
+from harness.judging.cases import DTYPES
+from harness.judging.guards import nan_count
+from harness.judging.runner import device_for, judge
 from impls.base import DEFAULT_EPS, NormKernel, NormOutputs, NormSpec, UnsupportedCase
 from impls.reference import reference
 

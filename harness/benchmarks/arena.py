@@ -1,13 +1,13 @@
 """Where a benchmark's tensors live: one allocation for the whole session (harness.bench), within
-the device memory budget (harness.memory)."""
+the device memory budget (harness.running.memory)."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from harness import memory
-from harness.cases import DTYPES
+from harness.running import memory
+from harness.judging.cases import DTYPES
 
 
 class Arena:
@@ -95,7 +95,7 @@ def shape_need(s, sample_elements: int) -> int:
 
 def device_budget(asked: str | None) -> int:
     """The bytes a benchmark process may use: ``--gpu-memory`` (``asked``; the process's allocator is
-    capped at it too) or the free memory now, less the reserve (harness.memory.default_budget)."""
+    capped at it too) or the free memory now, less the reserve (harness.running.memory.default_budget)."""
     size = memory.parse_size(asked) if asked else None
     free, total = torch.cuda.mem_get_info()
     if size:

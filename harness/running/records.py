@@ -1,7 +1,7 @@
 """Each check's record, the correctness report's row: made at collection (test, kernel, backend,
 op, case, dtype, tags), then filled from the check's reports (outcome and reason, the fields the
 check sent, the worker and GPU that ran it, a crash charged to it). HarnessState's hooks
-(harness.state) call these; a worker's records reach the controller in a file (save_collection).
+(harness.running.state) call these; a worker's records reach the controller in a file (save_collection).
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import attribution, isolation, memory, memory_watch, scheduling
-from harness.cases import Case
-from harness.controller import NOT_RUN
-from harness.run import is_benchmark_run, write_partial
-from harness.runner import device_for
+from harness.running import attribution, isolation, memory, memory_watch, scheduling
+from harness.judging.cases import Case
+from harness.running.controller import NOT_RUN
+from harness.running.run import is_benchmark_run, write_partial
+from harness.judging.runner import device_for
 from impls.base import NormKernel
 
 
@@ -96,7 +96,7 @@ def fold_report(state, report) -> None:
                     state.add_agreement(*cell)
             elif name == "normdiff_compiled":
                 state.compiled.append(value)
-    if report.when == "teardown":  # what the check left allocated (harness.memory_watch)
+    if report.when == "teardown":  # what the check left allocated (harness.running.memory_watch)
         for name, value in report.user_properties:
             if name == "normdiff_after" and report.nodeid in state.records:
                 state.records[report.nodeid].update(value)

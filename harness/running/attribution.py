@@ -20,7 +20,8 @@ import traceback
 
 import pytest
 
-HARNESS_ERROR = "harness error"
+from harness.report.outcomes import HARNESS_ERROR
+
 PROPERTY = "normdiff_harness_error"  # the report's user property that carries one
 
 
@@ -58,7 +59,7 @@ def is_verdict(exc: BaseException) -> bool:
 
 def _short(path: str) -> str:
     """A path inside the project relative to its root."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return os.path.relpath(path, root) if path.startswith(root + os.sep) else path
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness import shapes
-from harness.cases import Case
-from harness.inputs import make_dy, make_inputs
+from harness.judging import shapes
+from harness.judging.cases import Case
+from harness.judging.inputs import make_dy, make_inputs
 from impls import callpath
 from impls.base import NormGrads, NormKernel, NormOutputs, UnsupportedCase, rows_view
 

@@ -1,7 +1,7 @@
-"""How many xdist workers run the checks, and which GPU each is pinned to (harness.isolation
+"""How many xdist workers run the checks, and which GPU each is pinned to (harness.running.isolation
 says why workers at all): a worker's GPU is CUDA_VISIBLE_DEVICES in its xdist spec, so a
 replacement keeps it; ``--workers-per-gpu`` sets how many share one, within the GPU's memory
-budget (harness.memory.workers_for)."""
+budget (harness.running.memory.workers_for)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import memory, run
+from harness.running import memory, run
 
 try:
     from xdist.scheduler import LoadScopeScheduling
@@ -18,7 +18,7 @@ except ImportError:  # pytest-xdist not installed: checks run in one process
 
 XDIST = LoadScopeScheduling is not object
 FAKE_GPUS_ENV = "NORMDIFF_FAKE_GPUS"  # simulate a host with this many GPUs (tests of the pinning)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def visible_gpus() -> list[str]:
@@ -26,7 +26,7 @@ def visible_gpus() -> list[str]:
     fake = os.environ.get(FAKE_GPUS_ENV)
     if fake:
         return [str(i) for i in range(int(fake))]
-    from harness import devmem
+    from harness.running import devmem
 
     if devmem.simulated() is not None:
         return ["0"]

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 MIB = 2**20
 # Per element judged at once, the float64 temporaries a comparison holds together
-# (harness.compare.compare: o, err, u, allowed, ratio, score and where()'s results).
+# (harness.judging.compare.compare: o, err, u, allowed, ratio, score and where()'s results).
 COMPARE_F64 = 10
-# Per element of the bit comparison (harness.properties.bit_diffs): both outputs as int64 and
+# Per element of the bit comparison (harness.judging.properties.bit_diffs): both outputs as int64 and
 # their mask; where they differ, both ordered bit patterns, a where()'s mask and the distance.
 BITS_BYTES_PER_ELEMENT = 42
 # A worker's own allocations beyond any case: kernels' persistent buffers and cached plans,
@@ -67,7 +67,7 @@ class Estimate:
     parts: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
-        from harness.memory import fmt
+        from harness.running.memory import fmt
 
         return ", ".join(f"{k} {fmt(v)}" for k, v in self.parts.items() if v)
 
@@ -83,7 +83,7 @@ def _outputs(case) -> int:
 
 
 def _whole_and_chunk(case) -> tuple[bool, int]:
-    from harness.runner import ORACLE_CHUNK_ELEMENTS, ORACLE_WHOLE_ELEMENTS
+    from harness.judging.runner import ORACLE_CHUNK_ELEMENTS, ORACLE_WHOLE_ELEMENTS
 
     e = case.rows * case.n
     if e > ORACLE_WHOLE_ELEMENTS:
@@ -96,13 +96,13 @@ def check_estimate(test: str, case, kernel, peers=(), device: str = "cuda") -> E
     ``peers``: the run's other kernels of the op, whose outputs the agreement matrix may keep."""
     parts = {"worker": WORKER_BYTES}
     if test in ("test_fuzz", "test_fuzz_backward"):
-        from harness.cases import Case
+        from harness.judging.cases import Case
 
         drawn = Case(kernel.op, "float32", FUZZ_SHAPE, row_pad=FUZZ_PAD,
                      dy_dist="normal" if test == "test_fuzz_backward" else None)
         parts.update(_oracle_check(test == "test_fuzz_backward", drawn, kernel, (), device))
     elif case is None or test in SMALL_TESTS:
-        from harness.cases import Case
+        from harness.judging.cases import Case
 
         small = Case(kernel.op, "float32", SMALL_SHAPE)
         parts.update(inputs=SMALL_INPUT_BYTES, workspace=workspace_bytes(kernel, small, device))
@@ -134,7 +134,7 @@ def _oracle_check(backward: bool, case, kernel, peers, device: str) -> dict[str,
 
 
 def _property_check(test: str, case, kernel, device: str) -> dict[str, int]:
-    """Determinism and batch invariance (harness.properties): fresh inputs, the calls' outputs,
+    """Determinism and batch invariance (harness.judging.properties): fresh inputs, the calls' outputs,
     then the bit comparison."""
     b, n, r, e, s = _sizes(case)
     backward = test.startswith("test_backward")
@@ -145,7 +145,7 @@ def _property_check(test: str, case, kernel, device: str) -> dict[str, int]:
     if backward:
         parts.update({"dy": s * b, "saved forward": e * b + 8 * r})
     if test.endswith("batch_invariant"):
-        from harness.properties import BATCH_SIZES
+        from harness.judging.properties import BATCH_SIZES
 
         parts["batches"] = 4 * max(BATCH_SIZES + tuple(kernel.m_thresholds(case.spec(device)))) * n * 8 + 2 * 8 * n
         parts["copy"] = s * b * (2 if backward else 1) if case.row_pad else 0
@@ -161,7 +161,7 @@ def held_after_oracle_checks(test: str, case) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _oracle_case_ids(backward: bool) -> frozenset:
-    from harness.cases import backward_catalogue, catalogue
+    from harness.judging.cases import backward_catalogue, catalogue
 
     make = backward_catalogue if backward else catalogue
     return frozenset(c.id for profile in ("quick", "full") for c in make(profile))
@@ -188,7 +188,7 @@ def held_bytes(backward: bool, case, kept_from, device: str = "cuda", judged=())
 
 def _adds_to_y(kernel, case) -> bool:
     """Whether the kernel's rounding contract adds a float64 term to y's allowance on the case
-    (harness.compare.rounding_allowance)."""
+    (harness.judging.compare.rounding_allowance)."""
     return getattr(kernel, "rounding", "once") != "once" and case.dtype != "float32" and case.has_weight
 
 

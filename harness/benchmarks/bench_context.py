@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harness import progress, run, timing
-from harness.arena import Arena, beyond_budget, device_budget, shape_need
-from harness.bench_forward import CHECK_ELEMENTS
-from harness.bench_sweep import BenchItem, BenchShape
-from harness.cases import DTYPES, Case
-from harness.inputs import make_inputs
-from harness.runner import device_for
+from harness.benchmarks import timing
+from harness.running import progress, run
+from harness.benchmarks.arena import Arena, beyond_budget, device_budget, shape_need
+from harness.benchmarks.bench_forward import CHECK_ELEMENTS
+from harness.benchmarks.bench_sweep import BenchItem, BenchShape
+from harness.judging.cases import DTYPES, Case
+from harness.judging.inputs import make_inputs
+from harness.judging.runner import device_for
 from impls import native
 from impls.base import NormKernel, NormOutputs
 
@@ -105,7 +106,7 @@ class BenchContext:
         return self._ceiling[device]
 
     def budget(self) -> int:
-        """Device bytes the benchmarks may use (harness.arena.device_budget), measured once."""
+        """Device bytes the benchmarks may use (harness.benchmarks.arena.device_budget), measured once."""
         if self._budget is None:
             self._budget = device_budget(self.config.getoption("gpu_memory"))
         return self._budget

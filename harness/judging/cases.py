@@ -7,7 +7,7 @@ CI, ``full`` for a GPU.
 To add a case, add a row (``Rows``: profiles, tags, shapes, dtypes, then dist, eps, affine,
 row_pad, ops) to ``FORWARD_ROWS`` for the forward checks or to ``BACKWARD_ROWS`` for the backward
 ones (``catalogue`` and ``backward_catalogue`` expand them); a new N or M for every case goes in
-harness/shapes.py.
+harness/judging/shapes.py.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.shapes import (BACKWARD_LARGE_M, BACKWARD_N, BACKWARD_N_FULL, BACKWARD_TAIL_M, BACKWARD_TAIL_M_FULL,
+from harness.judging.shapes import (BACKWARD_LARGE_M, BACKWARD_N, BACKWARD_N_FULL, BACKWARD_TAIL_M, BACKWARD_TAIL_M_FULL,
                             CHECK_LONG_N, CHECK_LONG_N_QUICK, HUGE_CASES, ODD_N, POW2_N, TAIL_M, TAIL_M_FULL)
 from impls.base import DEFAULT_EPS, NormSpec
 
@@ -40,7 +40,7 @@ class Case:
     op: str
     dtype: str
     shape: tuple[int, ...]  # (M, N) or (B, S, N)
-    dist: str = "normal"  # see harness.inputs.make_x
+    dist: str = "normal"  # see harness.judging.inputs.make_x
     eps: float | None = None  # None: the op's default
     affine: str = "weight_bias"  # one of AFFINE; rms_norm has no bias ("bias" is LayerNorm's only)
     row_pad: int = 0  # extra elements between rows of x (strided rows)
@@ -223,7 +223,7 @@ FORWARD_ROWS = (
 # zeros, strided rows. ``quick`` (CPU, CI): 17 RMSNorm, 18 LayerNorm cases; ``full``: 127 and 130.
 BACKWARD_ROWS = (
     # M: tails of any rows-per-block choice; beyond 65536 rows (float32 only: a 16-bit dw's ulp
-    # there is a row's size, see harness.compare_backward), at a padded N and a power of two:
+    # there is a row's size, see harness.judging.compare_backward), at a padded N and a power of two:
     # ~2^26 elements (the float64 oracle: GBs).
     *quick_and_full(BwdRows, "M tail", grid(BACKWARD_TAIL_M, (769,)), F32,
                     grid(BACKWARD_TAIL_M + BACKWARD_TAIL_M_FULL, TAIL_N)),

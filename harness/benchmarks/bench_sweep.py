@@ -1,10 +1,10 @@
 """What the benchmarks time: the sweep of shapes (op, dtype, M x N, regime; every N and M from
-harness.shapes) and one benchmark's parameter, a shape and a kernel."""
+harness.judging.shapes) and one benchmark's parameter, a shape and a kernel."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.shapes import (BACKWARD_BENCH_N, BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, HEADLINE_BACKWARD_N,
+from harness.judging.shapes import (BACKWARD_BENCH_N, BANDWIDTH_N, BENCH_LONG_N, DECODE_M, DECODE_N, HEADLINE_BACKWARD_N,
                             HEADLINE_BANDWIDTH_N, HEADLINE_DECODE, HEADLINE_LONG_N, QUICK_BACKWARD, QUICK_BANDWIDTH,
                             QUICK_DECODE, bandwidth_rows)
 from impls.base import NormKernel

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from harness.cases import Case
+    from harness.judging.cases import Case
 
 
 @dataclass

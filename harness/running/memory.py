@@ -5,16 +5,16 @@ out-of-memory told apart from a kernel's failure.
   (x, the outputs and statistics, the guards' canaried buffers and input snapshot, the float64
   oracle or its row chunks, the comparison's float64 temporaries, the outputs kept for the
   agreement matrix, what the worker still holds of the case's earlier checks) and the kernel's
-  own workspace (``NormKernel.workspace_bytes``): harness.estimate, whose ``ESTIMATE_DOC`` is the
+  own workspace (``NormKernel.workspace_bytes``): harness.running.estimate, whose ``ESTIMATE_DOC`` is the
   formula; tests/test_memory.py and tests/test_estimates.py hold it against measured allocations.
-- **Budget** (``harness.ledger.GpuLedger``): the workers of one GPU admit checks against one budget, by default
+- **Budget** (``harness.running.ledger.GpuLedger``): the workers of one GPU admit checks against one budget, by default
   the card's free memory when the run starts less a reserve (``--gpu-memory`` sets it). Each worker's
   entry counts what it holds between checks (its CUDA context and the caching allocator's
   reserved memory: cached oracle and kept outputs included) and, while a check runs, that
   check's estimate. A check that does not fit waits; one that fits nowhere beside others runs
   when no other check is running; a check retried after an out-of-memory runs alone.
 - **Out of memory** (``is_oom``, ``requested_bytes``): an OOM is a resource event, recorded with
-  the bytes asked for, the estimate and the budget, and retried once alone (harness.memory_watch).
+  the bytes asked for, the estimate and the budget, and retried once alone (harness.running.memory_watch).
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+from harness.report.outcomes import OOM, TOO_BIG, fmt  # noqa: F401 (the memory layer's words, the report's too)
 
 MIB, GIB = 2**20, 2**30
 # A worker's CUDA context, library handles and loaded modules: memory outside the caching
@@ -34,8 +36,6 @@ RESERVE_FRACTION, RESERVE_MIN = 0.05, 1 * GIB
 WORKER_MIN_BYTES = 1 * GIB
 FAKE_MEMORY_ENV = "NORMDIFF_FAKE_GPU_MEMORY"  # "FREE,TOTAL" bytes: the free memory the run start sees (tests)
 
-OOM = "out of memory: "  # a skip reason's prefix: out of memory alone too (counted as *out of memory*)
-TOO_BIG = "out of memory, not run: "  # a skip reason's prefix: the check cannot fit the budget
 
 # -- sizes ------------------------------------------------------------------------------------
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
@@ -54,16 +54,9 @@ def parse_size(text: str) -> int:
     return value
 
 
-def fmt(n: float | None) -> str:
-    if n is None:
-        return "-"
-    if abs(n) >= GIB / 4:
-        return f"{n / GIB:.2f} GiB"
-    return f"{n / MIB:.0f} MiB" if abs(n) >= MIB else f"{n / 1024:.0f} KiB"
 
-
-# -- the estimate: harness.estimate (re-exported here for memory_watch and the tests) -------------
-from harness.estimate import ESTIMATE_DOC, Estimate, check_estimate, workspace_bytes  # noqa: E402,F401
+# -- the estimate: harness.running.estimate (re-exported here for memory_watch and the tests) -------------
+from harness.running.estimate import ESTIMATE_DOC, Estimate, check_estimate, workspace_bytes  # noqa: E402,F401
 
 
 # -- out of memory ------------------------------------------------------------------------------
@@ -111,7 +104,7 @@ def measure_gpus(tokens: list[str]) -> dict[str, tuple[int, int]]:
     if fake:
         free, total = (parse_size(v) for v in fake.split(","))
         return {t: (free, total) for t in tokens}
-    from harness import devmem
+    from harness.running import devmem
 
     card = devmem.simulated()
     if card is not None:

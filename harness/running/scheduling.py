@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from harness import memory_watch
-from harness.workers import LoadScopeScheduling
-from harness.shapes import HUGE_ELEMENTS
+from harness.running import memory_watch
+from harness.running.workers import LoadScopeScheduling
+from harness.judging.shapes import HUGE_ELEMENTS
 
 def case_groups(records: dict, cases: dict, kernels: dict, device_for) -> dict[str, str]:
     """case id -> group: cases joined when some kernel compiles once for both (union-find)."""

@@ -17,10 +17,11 @@ import time
 import pytest
 import torch
 
-from harness import run, timing
-from harness.bench_forward import runnable_spec, sample_rows
-from harness.cases import DTYPES
-from harness.guards import nan_count
+from harness.benchmarks import timing
+from harness.running import run
+from harness.benchmarks.bench_forward import runnable_spec, sample_rows
+from harness.judging.cases import DTYPES
+from harness.judging.guards import nan_count
 from impls.base import DEFAULT_EPS, NormGrads, NormKernel, UnsupportedCase
 from impls.reference import reference_backward
 

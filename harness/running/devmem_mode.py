@@ -1,4 +1,4 @@
-"""The simulated card's eyes (harness.devmem.SimulatedCard): a ``TorchDispatchMode`` that sees
+"""The simulated card's eyes (harness.running.devmem.SimulatedCard): a ``TorchDispatchMode`` that sees
 every operator torch dispatches, checks a factory's size before it allocates and counts each new
 storage an operator returns until it is freed."""
 from __future__ import annotations

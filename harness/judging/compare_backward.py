@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from harness.compare import MANTISSA_BITS, ErrorStats, compare, distance_tensor, ulp
+from harness.judging.compare import MANTISSA_BITS, ErrorStats, compare, distance_tensor, ulp
 from impls.base import NormGrads, NormOutputs
 
 U32 = 2.0**-24  # unit roundoff of float32 arithmetic

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness import compare, compare_backward, guards
-from harness.cases import Case
-from harness.inputs import make_dy, make_inputs
-from harness.shapes import HUGE_ELEMENTS
+from harness.judging import compare, compare_backward, guards
+from harness.judging.cases import Case
+from harness.judging.inputs import make_dy, make_inputs
+from harness.judging.shapes import HUGE_ELEMENTS
 from impls.base import NormGrads, NormKernel, NormOutputs
 from impls.reference import reference, reference_backward
 
@@ -180,7 +180,7 @@ class BackwardOracleCache:
 def check_backward(kernel: NormKernel, case: Case, oracle: BackwardOracleCache | None = None,
                    keep_outputs: bool = False, watch=None) -> CheckResult:
     """The kernel's forward (for its own saved mean and rstd), then its backward into poisoned,
-    canaried dx, dw and db; guards, then each gradient against the oracle (harness.compare_backward).
+    canaried dx, dw and db; guards, then each gradient against the oracle (harness.judging.compare_backward).
     A kernel without a backward is skipped with that reason."""
     result = CheckResult(case=case, kernel=kernel.name)
     device = device_for(kernel)
