@@ -2,6 +2,7 @@
 # A batched GPU session, in phases that each fit one device call (10 minutes):
 #   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers);
 #                                 CHECKS_K selects a part (pytest -k), e.g. to time it alone;
+#                                 CHECKS_ARGS adds pytest arguments (e.g. "--shard 1/2" for half a run);
 #                                 CHECKS_CANDIDATES=1 checks the long-row probe's open candidates
 #                                 instead (tools/candidate_backend.py; NORMDIFF_CANDIDATES narrows)
 #   tools/gpu_run.sh setup OUT    once per machine: TileLang and Liger unpacked from .devdeps into
@@ -69,7 +70,7 @@ checks)
   [[ ${CHECKS_CANDIDATES:-0} == 1 ]] && chosen=(--backend 'candidate_*' --backend-file tools/candidate_backend.py)
   start=$SECONDS
   timeout -s INT -k 20 "${CHECKS_TIMEOUT:-560}" python -m pytest harness \
-     --profile full "${chosen[@]}" -q -p no:randomly --report-dir="$out" "${select[@]}" \
+     --profile full "${chosen[@]}" -q -p no:randomly --report-dir="$out" "${select[@]}" ${CHECKS_ARGS:-} \
      > "$out/checks.log" 2>&1
   echo "checks: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/checks.log"
   tail -n 6 "$out/checks.log"
