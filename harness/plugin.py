@@ -9,6 +9,7 @@ what it can run.
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from harness.running.controller import Controller
 from harness.running.progress import Progress
 from harness.running.run import STATE, backend_status, is_benchmark_run, split_names
 from harness.judging.runner import device_for
+from harness.report.failure import summary_line
 from harness.running.state import HarnessState
 from impls import registry
 from impls.base import OPS, NormKernel
@@ -142,7 +144,7 @@ def _start_profile(config) -> None:
         config._normdiff_profile[0].enable()
 
 
-def pytest_unconfigure(config):
+def _stop_profile(config) -> None:
     profile = getattr(config, "_normdiff_profile", None)
     if profile is not None:
         profile[0].disable()
@@ -206,9 +208,68 @@ def pytest_sessionfinish(session, exitstatus):
         state.write_report(final=True)
 
 
+# -- the terminal: a failing check in one line, the report's path last ----------------------------
+def brief_output(config) -> bool:
+    """Whether a failing check prints one line (the default) rather than its traceback: -v,
+    --tb=STYLE and --full-trace bring tracebacks back."""
+    opt = config.option
+    if opt.verbose > 0 or opt.fulltrace or opt.tbstyle != "auto":
+        return False
+    given = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))]
+    return not any(a == "--tb" or a.startswith("--tb=") for a in given)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A harness check's failure (not a harness error) becomes one line: what failed and by how
+    much. The whole text goes with the report (``normdiff_message``) into the record's message."""
+    outcome = yield
+    report = outcome.get_result()
+    state = item.config.stash.get(STATE, None)
+    if (report.when != "call" or not report.failed or call.excinfo is None or state is None
+            or item.nodeid not in state.records or is_benchmark_run(item.config) or not brief_output(item.config)
+            or attribution.harness_error(call.excinfo.value, call.when) is not None):
+        return
+    fields = {}
+    for name, value in item.user_properties:
+        if name == "normdiff":
+            fields.update(value)
+    report.normdiff_message = report.longreprtext
+    report.longrepr = summary_line(fields, call.excinfo.exconly())
+
+
+def _briefed(report) -> bool:
+    return getattr(report, "normdiff_message", None) is not None
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, config):
+    """Where every failure is a check's one line, pytest's FAILURES section and FAILED lines give
+    way to those lines, after its short summary; otherwise pytest's own output stands (the
+    checks' failures in it already one line each)."""
+    reporter, failed = terminalreporter, terminalreporter.stats.get("failed", [])
+    ours = bool(failed) and all(_briefed(r) for r in failed) and not reporter.stats.get("error")
+    saved = config.option.tbstyle, reporter.reportchars
+    if ours:
+        config.option.tbstyle, reporter.reportchars = "no", reporter.reportchars.replace("f", "")
+    try:
+        return (yield)
+    finally:
+        config.option.tbstyle, reporter.reportchars = saved
+        if ours:
+            reporter.write_sep("=", f"normdiff: {len(failed)} failing check(s)", red=True)
+            for r in failed:
+                reporter.write_line(f"FAILED {r.nodeid.split('::')[-1]}: {r.longrepr}")
+            reporter.write_line("Tracebacks: each failure's message in the report, or here with -v or --tb=long.")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """The report's path, the run's last line (after pytest's counts)."""
+    _stop_profile(config)
     paths = getattr(config, "_normdiff_report", None)
-    if paths:
-        terminalreporter.write_line(f"normdiff correctness report: {paths[0]}")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if paths and reporter is not None:
+        reporter.write_line(f"normdiff correctness report: {paths[0]}")
 
 

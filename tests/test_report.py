@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import harness.report as report
+from harness.report.outcomes import HARNESS_ERROR
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,3 +111,70 @@ def test_reports_of_side_by_side_runs_merge(tmp_path):
     assert "**1 passed, 2 failed, 0 harness errors, 1 skipped**" in md
     assert "--backend tilelang --profile full" in md and "--backend triton --profile quick" in md
     assert "tilelang 0.1.15" in md
+
+
+@pytest.mark.parametrize("passing,failing,said", [
+    ({1, 128, 4096}, {7, 129, 1000, 4097}, "not a power of two"),
+    ({8, 64, 1000, 4000}, {7, 127, 4097}, "not a multiple of 8"),
+    ({7, 127, 4096}, {4097, 12345}, "from 4097 (passes up to 4096)"),
+    ({4097, 12345}, {7, 127}, "up to 127 (passes from 4097)"),
+    ({7, 4096}, {127, 12345}, None),
+])
+def test_the_rule_the_failing_n_follow(passing, failing, said):
+    from harness.report.pattern import rule
+
+    found = rule(passing, failing)
+    assert (found is None) if said is None else (said in found), found
+
+
+def test_the_grid_and_the_first_failure_come_before_the_properties():
+    doc = _doc()
+    md = report.render_markdown(doc)
+    at = [md.find(h) for h in ("## Summary", "### Where it fails", "**triton.rowwise** (rms_norm): pass/fail by N",
+                               "### First failure of triton.rowwise", "Columns: *elements out of tolerance*",
+                               "## Failures")]
+    assert -1 not in at and at == sorted(at), at
+    assert "| dtype \\ N | 7 | 9 |" in md and "| bfloat16 | **0/1 ✗** | 1/1 |" in md  # the skipped 70000 is no column
+    first = md.split("### First failure")[1].split("## Failures")[0]
+    assert "shape 3x7 (N = 7)" in first and "y 3/100 out of tolerance, worst 64x allowed" in first
+    assert "--backend triton --profile quick" in first
+
+
+def _compare_docs():
+    err = lambda ratio, bad: {"output": "y", "worst_ratio": ratio, "mismatched": bad, "numel": 10}  # noqa: E731
+    a = {"regressed": ("passed", [err(0.5, 0)]), "erred": ("passed", []), "was skipped": ("skipped", []),
+         "fixed": ("failed", [err(9.0, 3)]), "moved": ("passed", [err(0.05, 0)]), "now skipped": ("passed", []),
+         "declared": ("failed", [err(5.0, 1)]), "same": ("passed", [err(0.5, 0)])}
+    b = {"regressed": ("failed", [err(40.0, 7)]), "erred": (HARNESS_ERROR, []), "was skipped": ("failed", [err(3.0, 1)]),
+         "fixed": ("passed", [err(0.5, 0)]), "moved": ("passed", [err(0.5, 0)]), "now skipped": ("skipped", []),
+         "declared": ("known issue", []), "same": ("passed", [err(0.6, 0)]), "new": ("failed", [err(2.0, 1)])}
+
+    def doc(rows):
+        return {"records": [{"nodeid": f"t.py::test[{n}]", "outcome": o, "errors": e, "reason": "why"}
+                            for n, (o, e) in rows.items()]}
+    return doc(a), doc(b)
+
+
+def test_compare_lists_each_check_once_under_its_most_important_change():
+    from harness.report import compare
+
+    a, b = _compare_docs()
+    checks = compare.compare_checks(a, b)
+    text = compare.render("A", "B", checks, None, compare.count_outcomes(a, b))
+    where = {}
+    for section in text.split("\n## ")[1:]:
+        for line in section.splitlines():
+            if line.startswith("- `test["):
+                name = line[len("- `test["):].split("]")[0]
+                assert name not in where, (name, where.get(name), section.splitlines()[0])
+                where[name] = section.splitlines()[0].split(" (")[0]
+    assert where == {"regressed": "New failures", "erred": "New failures", "was skipped": "New failures",
+                     "new": "New failures", "fixed": "Fixed", "moved": "Error moved by more than 2x",
+                     "now skipped": "Skips that appeared", "declared": "Other changes of outcome"}
+    assert "y 7/10 out of tolerance, worst 40x allowed" in text
+    assert "| passed | 5 | 3 | -2 |" in text and f"| {HARNESS_ERROR} | 0 | 1 | +1 |" in text
+    assert sorted(checks["regressions"]) == ["t.py::test[erred]", "t.py::test[regressed]"]  # not "was skipped"
+    assert compare.verdict(checks)[0] == 1 and text.splitlines()[-1].startswith("FAILED: 2 check(s) that passed in A")
+    again = compare.compare_checks(b, b)
+    assert not any(again.values())
+    assert compare.verdict(again) == (0, "OK: no check that passed in A fails or errs in B.")

@@ -3,7 +3,8 @@ side by side, or compare two runs:
 
     python -m harness.report reports/latest/correctness.json
     python -m harness.report shard1/correctness.json shard2/correctness.json --out reports/merged
-    python -m harness.report --compare reports/runs/A reports/runs/B   # run folders or JSON files
+    python -m harness.report --compare reports/runs/A reports/runs/B   # run folders or JSON files;
+                                        # exits 1 when a check that passed in A fails or errs in B
     python -m harness.report --publish reports/runs/A reports/h200    # the committed, slimmed form
 """
 import argparse
@@ -17,7 +18,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json", type=Path, nargs="*", help="correctness.json written by pytest harness (or its .json.gz)")
     parser.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"),
-                        help="what changed from run A to run B (run folders, or their JSON files)")
+                        help="what changed from run A to run B (run folders, or their JSON files); exits 1 "
+                             "when a check that passed in A fails or errs in B")
     parser.add_argument("--publish", type=Path, nargs=2, metavar=("RUN", "DEST"),
                         help="copy a run's markdown and plots into DEST with its JSON slimmed and gzipped "
                              "(harness/report/publish.py)")
@@ -27,11 +29,11 @@ def main(argv=None) -> int:
     if args.compare:
         from harness.report.compare import main as compare
 
-        text, _ = compare(*args.compare)
+        text, result = compare(*args.compare)
         if args.output:
             atomic_write(args.output, text + "\n")
         print(text)
-        return 0
+        return result["status"]  # 1 when a check that passed in A fails or errs in B
     if args.publish:
         from harness.report.publish import publish
 

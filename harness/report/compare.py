@@ -1,10 +1,15 @@
 """Two runs side by side: ``python -m harness.report --compare A B`` (run folders or JSON files,
 plain or gzipped as in ``reports/<device>/``).
 
-Correctness: new failures and fixed ones, checks whose error moved by more than a factor of 2,
-skips that appeared or vanished. Speed (when both runs hold a benchmark.json): kernels whose
-median moved by more than the runs' own repeatability (the largest move between the passes of
-``--bench-repeat``, in either run) or, without repeat passes, by more than DEFAULT_SPEED_MOVE.
+Correctness: the count of each outcome in A and B, then each check that changed, once, under its
+most important change: new failures (with what failed and by how much), fixed ones, checks whose
+error moved by more than a factor of 2, skips that appeared or vanished, other changes of outcome.
+A gate: the command exits 1 when a check that passed in A fails or errs in B, and its last line
+says so (like pytest-benchmark's --benchmark-compare-fail).
+
+Speed (when both runs hold a benchmark.json), not gated: kernels whose median moved by more than
+the runs' own repeatability (the largest move between the passes of ``--bench-repeat``, in either
+run) or, without repeat passes, by more than DEFAULT_SPEED_MOVE.
 """
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ from pathlib import Path
 
 from harness.report import find_report, load_report
 from harness.report.benchmark_results import repeatability, results
+from harness.report.failure import summary_line
+from harness.report.markdown import table
+from harness.report.outcomes import HARNESS_ERROR
 
 ERROR_FACTOR = 2.0
 # Errors under this fraction of the allowance are noise at the level of the last bits: a move
@@ -35,27 +43,57 @@ def _worst(rec: dict) -> float | None:
     return max(ratios) if ratios else None
 
 
+BAD = ("failed", HARNESS_ERROR)
+OUTCOMES = ("passed", "failed", HARNESS_ERROR, "skipped", "out of memory", "known issue", "not run")
+
+
+def _outcome(rec: dict | None) -> str | None:
+    """A record's outcome; "not reached" for one collected but never run (a partial report)."""
+    return None if rec is None else rec.get("outcome", "not reached")
+
+
 def compare_checks(a: dict, b: dict) -> dict:
+    """Each check that changed, once, under its most important change: new failures (failing or
+    erring in B, not in A; ``regressions`` are those that passed in A), fixed, error moved, skips
+    that appeared or vanished, other changes of outcome (every value empty when nothing changed)."""
     ra = {r["nodeid"]: r for r in a["records"]}
     rb = {r["nodeid"]: r for r in b["records"]}
-    failed = lambda r: r is not None and r.get("outcome") == "failed"  # noqa: E731
-    out = {
-        "new_failures": [n for n, r in rb.items() if failed(r) and not failed(ra.get(n))],
-        "fixed": [n for n, r in ra.items() if failed(r) and (rb.get(n) or {}).get("outcome") == "passed"],
-        "skips_appeared": [(n, r.get("reason")) for n, r in rb.items()
-                           if r.get("outcome") == "skipped" and (ra.get(n) or {}).get("outcome") not in (None, "skipped")],
-        "skips_vanished": [(n, ra[n].get("reason")) for n, r in rb.items()
-                           if (ra.get(n) or {}).get("outcome") == "skipped" and r.get("outcome") not in (None, "skipped")],
-        "error_moved": [],
-    }
-    for n in sorted(set(ra) & set(rb)):
-        wa, wb = _worst(ra[n]), _worst(rb[n])
-        if wa is None or wb is None or max(wa, wb) < ERROR_FLOOR:
-            continue
-        lo, hi = max(min(wa, wb), 1e-30), max(wa, wb)
-        if hi / lo > ERROR_FACTOR:
-            out["error_moved"].append((n, wa, wb))
+    out = {key: [] for key in ("new_failures", "fixed", "error_moved", "skips_appeared", "skips_vanished", "other")}
+    out["regressions"] = []
+    for n, r in rb.items():
+        was, now = _outcome(ra.get(n)), _outcome(r)
+        if now in BAD and was not in BAD:
+            out["new_failures"].append((n, was, now, summary_line(r, r.get("message", ""))))
+            if was == "passed":
+                out["regressions"].append(n)
+        elif was in BAD and now == "passed":
+            out["fixed"].append(n)
+        elif was is not None and (moved := _moved(ra[n], r)) is not None:
+            out["error_moved"].append((n, *moved))
+        elif now == "skipped" and was not in (None, "skipped"):
+            out["skips_appeared"].append((n, r.get("reason")))
+        elif was == "skipped" and now != "skipped":
+            out["skips_vanished"].append((n, ra[n].get("reason")))
+        elif was is not None and was != now:
+            out["other"].append((n, was, now))
     return out
+
+
+def count_outcomes(a: dict, b: dict) -> dict:
+    """outcome -> [checks in A, in B]; "only" -> [checks only in A, only in B]."""
+    ra = {r["nodeid"]: r for r in a["records"]}
+    rb = {r["nodeid"]: r for r in b["records"]}
+    counts = {o: [sum(_outcome(r) == o for r in recs.values()) for recs in (ra, rb)] for o in (*OUTCOMES, "not reached")}
+    return {**counts, "only": [len(set(ra) - set(rb)), len(set(rb) - set(ra))]}
+
+
+def _moved(ra: dict, rb: dict) -> tuple[float, float] | None:
+    """(A's worst error, B's) in allowed errors where it moved by more than ERROR_FACTOR."""
+    wa, wb = _worst(ra), _worst(rb)
+    if wa is None or wb is None or max(wa, wb) < ERROR_FLOOR:
+        return None
+    lo, hi = max(min(wa, wb), 1e-30), max(wa, wb)
+    return (wa, wb) if hi / lo > ERROR_FACTOR else None
 
 
 def _medians(doc: dict) -> tuple[dict, float]:
@@ -80,20 +118,51 @@ def compare_speed(a: dict, b: dict) -> dict:
     return {"threshold": threshold, "how": how, "moved": moved, "compared": len(set(ma) & set(mb))}
 
 
-def render(a_name: str, b_name: str, checks: dict | None, speed: dict | None) -> str:
-    lines = [f"# normdiff: {b_name} against {a_name}", ""]
+def _name(nodeid: str) -> str:
+    return f"`{nodeid.split('::')[-1]}`"
+
+
+def render_checks(checks: dict, counts: dict) -> list[str]:
+    lines = ["## Outcomes", ""]
+    rows = [[o, a, b, f"{b - a:+d}" if b != a else ""] for o, (a, b) in counts.items()
+            if o in OUTCOMES or (o != "only" and (a or b))]
+    lines += table(["outcome", "A", "B", "change"], rows)
+    only_a, only_b = counts["only"]
+    if only_a or only_b:
+        lines += ["", f"{only_a} check(s) only in A, {only_b} only in B."]
+    lines.append("")
+
+    def section(title, items, fmt):
+        nonlocal lines
+        lines += [f"## {title} ({len(items)})", ""]
+        lines += [fmt(i) for i in items] or ["None."]
+        lines.append("")
+    was = lambda w: "not in A" if w is None else f"{w} in A"  # noqa: E731
+    section("New failures", checks["new_failures"], lambda t: f"- {_name(t[0])} ({was(t[1])}, {t[2]} in B): {t[3]}")
+    section("Fixed", checks["fixed"], lambda n: f"- {_name(n)}")
+    section(f"Error moved by more than {ERROR_FACTOR:g}x (in allowed errors)", checks["error_moved"],
+            lambda t: f"- {_name(t[0])}: {t[1]:.3g} -> {t[2]:.3g}")
+    section("Skips that appeared", checks["skips_appeared"], lambda t: f"- {_name(t[0])}: {t[1]}")
+    section("Skips that vanished", checks["skips_vanished"], lambda t: f"- {_name(t[0])}: was {t[1]}")
+    section("Other changes of outcome", checks["other"], lambda t: f"- {_name(t[0])}: {t[1]} -> {t[2]}")
+    return lines
+
+
+def verdict(checks: dict | None) -> tuple[int, str]:
+    """The exit status and the last line: non-zero when a check that passed in A fails or errs in B."""
+    if checks is None:
+        return 0, "No correctness to compare: nothing gated."
+    bad = checks["regressions"]
+    if bad:
+        return 1, (f"FAILED: {len(bad)} check(s) that passed in A fail or err in B "
+                   f"(first: {bad[0].split('::')[-1]}).")
+    return 0, "OK: no check that passed in A fails or errs in B."
+
+
+def render(a_name: str, b_name: str, checks: dict | None, speed: dict | None, counts: dict | None = None) -> str:
+    lines = [f"# normdiff: {b_name} against {a_name}", "", f"A: {a_name}", f"B: {b_name}", ""]
     if checks is not None:
-        def section(title, items, fmt):
-            nonlocal lines
-            lines += [f"## {title} ({len(items)})", ""]
-            lines += [fmt(i) for i in items] or ["None."]
-            lines.append("")
-        section("New failures", checks["new_failures"], lambda n: f"- `{n.split('::')[-1]}`")
-        section("Fixed", checks["fixed"], lambda n: f"- `{n.split('::')[-1]}`")
-        section(f"Error moved by more than {ERROR_FACTOR:g}x (in allowed errors)", checks["error_moved"],
-                lambda t: f"- `{t[0].split('::')[-1]}`: {t[1]:.3g} -> {t[2]:.3g}")
-        section("Skips that appeared", checks["skips_appeared"], lambda t: f"- `{t[0].split('::')[-1]}`: {t[1]}")
-        section("Skips that vanished", checks["skips_vanished"], lambda t: f"- `{t[0].split('::')[-1]}`: was {t[1]}")
+        lines += render_checks(checks, counts or {"only": [0, 0]})
     if speed is not None:
         lines += [f"## Speed: medians that moved {speed['how']} ({len(speed['moved'])} of {speed['compared']})", ""]
         lines += [f"- {k} on {g}: {ta * 1e6:.2f} -> {tb * 1e6:.2f} µs ({c:+.1%})" for k, g, ta, tb, c in speed["moved"]] \
@@ -101,12 +170,14 @@ def render(a_name: str, b_name: str, checks: dict | None, speed: dict | None) ->
         lines.append("")
     if checks is None and speed is None:
         lines.append("Neither run holds a correctness.json or a benchmark.json to compare.")
+    lines.append(verdict(checks)[1])
     return "\n".join(lines)
 
 
 def main(a: Path, b: Path) -> tuple[str, dict]:
     ca, cb = _load(a, "correctness.json"), _load(b, "correctness.json")
     ba, bb = _load(a, "benchmark.json"), _load(b, "benchmark.json")
-    checks = compare_checks(ca, cb) if ca and cb else None
+    checks, counts = (compare_checks(ca, cb), count_outcomes(ca, cb)) if ca and cb else (None, None)
     speed = compare_speed(ba, bb) if ba and bb else None
-    return render(str(a), str(b), checks, speed), {"checks": checks, "speed": speed}
+    return render(str(a), str(b), checks, speed, counts), {"checks": checks, "counts": counts, "speed": speed,
+                                                          "status": verdict(checks)[0]}

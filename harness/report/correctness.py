@@ -3,10 +3,10 @@ document (so ``python -m harness.report`` renders it again). A new section is a 
 in a module of its own, as memory.py and properties.py are) called from ``render_markdown``."""
 from __future__ import annotations
 
-import shlex
 from collections import Counter, defaultdict
 
-from harness.report import memory, properties
+from harness.report import memory, pattern, properties
+from harness.report.failure import LEGEND, render_failure, repro_command
 from harness.report.outcomes import HARNESS_ERROR
 from harness.report.markdown import fmt, table
 
@@ -17,7 +17,8 @@ DISAGREE = 1.0
 
 def render_markdown(doc: dict) -> str:
     records = doc["records"]
-    lines = render_header(doc) + render_backends(doc) + render_summary(records) + render_skip_reasons(records)
+    lines = render_header(doc) + render_backends(doc) + render_summary(records) + pattern.render(doc, records)
+    lines += render_skip_reasons(records)
     lines += render_compiled(doc.get("compiled") or ())
     lines += properties.render(records, table)
     lines += render_known_issues(records)
@@ -27,29 +28,6 @@ def render_markdown(doc: dict) -> str:
     lines += render_agreement(doc)
     lines.append("")
     return "\n".join(lines)
-
-
-def _index(i):
-    """An element index as the run prints it: a tuple there, a list once read back from JSON."""
-    return tuple(i) if isinstance(i, list) else i
-
-
-def repro_command(doc: dict, rec: dict) -> str:
-    sel = rec.get("selection") or doc.get("selection", {})
-    backend = rec.get("backend") or sel.get("backend", "all")
-    env = dict((doc.get("environment") or {}).get("repro_env") or {})
-    if (doc.get("environment") or {}).get("triton_interpret") and "TRITON_INTERPRET" not in env:
-        env["TRITON_INTERPRET"] = doc["environment"]["triton_interpret"]  # reports before repro_env
-    prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-    parts = [*prefix, "pytest", shlex.quote(rec["nodeid"]), "--backend", backend, "--profile", sel.get("profile", "quick")]
-    for f in sel.get("backend_file") or ():
-        parts += ["--backend-file", shlex.quote(f)]
-    for option in ("gpu_memory", "simulate_gpu"):  # the memory layer's setting, where a check's fate may lie
-        if sel.get(option):
-            parts += [f"--{option.replace('_', '-')}", shlex.quote(str(sel[option]))]
-    if rec.get("test") == "test_fuzz" and sel.get("fuzz_seed"):
-        parts += ["--fuzz-seed", str(sel["fuzz_seed"])]
-    return " ".join(parts)
 
 
 def render_header(doc: dict) -> list[str]:
@@ -180,7 +158,7 @@ def render_failures(doc: dict, records: list[dict]) -> list[str]:
         lines.append("None." if not errors else "No kernel failed.")
     lines += memory.render_groups(memory.groups(records, ("failed",)), table)
     if failures:
-        lines += ["", "Each failure:", ""]
+        lines += ["", "Each failure:", "", LEGEND, ""]
     for r in failures:
         lines += render_failure(doc, r)
     return lines
@@ -201,29 +179,6 @@ def render_harness_errors(doc: dict, errors: list[dict]) -> list[str]:
         [err.replace("|", "\\|"), f"`{where}`", phase, len(rs), f"`{rs[0]['nodeid'].split('::')[-1]}`"]
         for (err, where, phase), rs in sorted(groups.items(), key=lambda g: -len(g[1]))])
     lines += ["", "Reproduce the first:", "", "```", repro_command(doc, errors[0]), "```", ""]
-    return lines
-
-
-def render_failure(doc: dict, r: dict) -> list[str]:
-    lines = [f"### `{r['nodeid'].split('::')[-1]}`", ""]
-    if r.get("drawn_case"):
-        lines += [f"- drawn case: `{r['drawn_case']}` (`harness.judging.cases.case_from_id` rebuilds its inputs)", ""]
-    if r.get("failure_kind"):
-        c = r.get("crash") or {}
-        lines += [f"- **{r['failure_kind']}**: {c.get('detail', '')} ({c.get('where', '')}, worker {c.get('worker', '?')})", ""]
-    for f in r.get("findings") or ():
-        lines.append(f"- guard: **{f['kind']}** in `{f['output']}`: {f['count']} element(s), first at {f['first']}")
-    bad = [e for e in r.get("errors") or () if e["mismatched"]]
-    if bad:
-        lines += table(
-            ["output", "elements out of tolerance", "max abs err", "max ulp err", "rel L2 err", "x allowed", "worst (index: got / expected)"],
-            [[e["output"], f"{e['mismatched']}/{e['numel']}", e["max_abs"], e["max_ulp"], e["rel_l2"], e["worst_ratio"],
-              f"{_index(e['worst_index'])}: {fmt(e['worst_out'], 9)} / {fmt(e['worst_ref'], 9)}"] for e in bad],
-        )
-    if not bad and not r.get("findings") and not r.get("failure_kind"):
-        msg = (r.get("message") or "").strip().splitlines()
-        lines += ["```", *msg[-12:], "```"]
-    lines += ["", "Reproduce:", "", "```", repro_command(doc, r), "```", ""]
     return lines
 
 

@@ -123,7 +123,7 @@ def fold_report(state, report) -> None:
         rec.update(outcome="out of memory", crash=crash, reason=crash["detail"])
     elif crash is not None:
         rec.update(outcome="failed", failure_kind=crash["kind"], crash=crash,
-                   message=str(report.longrepr))
+                   message=getattr(report, "normdiff_message", None) or str(report.longrepr))
     elif (error := dict(report.user_properties).get(attribution.PROPERTY)) is not None:
         if rec.get("outcome") != "failed":  # a kernel's failure in the call stands; the error is noted
             rec.update(outcome=attribution.HARNESS_ERROR, message=str(report.longrepr)[-3000:])
@@ -138,7 +138,7 @@ def fold_report(state, report) -> None:
         rec.update(outcome=outcome, reason=reason)
     elif rec.get("outcome") != "failed":
         rec["outcome"] = report.outcome
-        if report.failed and "message" not in rec:
-            rec["message"] = (report.longreprtext or "")[-3000:]
+        if report.failed and "message" not in rec:  # the whole text where the terminal had one line
+            rec["message"] = (getattr(report, "normdiff_message", None) or report.longreprtext or "")[-3000:]
     rec["duration"] = rec.get("duration", 0.0) + report.duration
     write_partial(state)
