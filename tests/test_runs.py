@@ -59,8 +59,10 @@ def test_two_runs_kept_and_compared_show_a_planted_regression(tmp_path):
         made.append(run_b)
         assert run_b != run_a and (run_a / "correctness.json").is_file()  # the first run was kept
         assert (ROOT / "reports" / "latest").resolve() == run_b.resolve()
-        out = subprocess.run([sys.executable, "-m", "harness.report", "--compare", str(run_a), str(run_b)],
-                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        compared = subprocess.run([sys.executable, "-m", "harness.report", "--compare", str(run_a), str(run_b)],
+                                  cwd=ROOT, capture_output=True, text=True)
+        assert compared.returncode == 1, compared.stderr[-2000:]  # a check that passed in A fails in B: a gate
+        out = compared.stdout
         new = out.split("## New failures")[1].split("##")[0]
         assert "769-normal-mine.v" in new and "torch.eager" not in new
         assert "## Fixed (0)" in out
@@ -73,11 +75,13 @@ def test_report_counts_are_pytests(tmp_path):
     proc = pytest_run("harness", "--backend", "torch", "--op", "rms_norm", "--dtype", "bfloat16",
                       "--profile", "quick", f"--report-dir={tmp_path}", "-q")
     assert proc.returncode == 0, proc.stdout[-3000:]
-    said = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|xfailed)", proc.stdout.splitlines()[-1]))
+    counts = [line for line in proc.stdout.splitlines() if line.startswith("=") or " passed" in line][-1]
+    said = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|xfailed)", counts))
     md = (tmp_path / "correctness.md").read_text()
     counted = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped)", md.split("## Summary")[1][:300]))
     assert said.get("passed") == counted["passed"] and said.get("skipped", 0) == counted["skipped"]
-    assert "skipped" not in proc.stdout.splitlines()[-1]  # tilelang's compile checks are deselected, not skipped
+    assert proc.stdout.splitlines()[-1].startswith("normdiff correctness report:")  # the run's last line
+    assert "skipped" not in counts  # tilelang's compile checks are deselected, not skipped
 
 
 def _bench_doc(scale=1.0, kernel_scale=None):
