@@ -440,6 +440,10 @@ COMMANDS: dict[str, Way | NotRun | Elsewhere | InCI] = {
     "pytest harness --backend torch": Way(check_quick_start, root="quick"),
     "pytest harness --backend all": Way(check_all_backends, f"pytest harness --backend all {CHECKS}", NARROW,
                                         root="all"),
+    "pytest harness --backend all --simulate-gpu 24GiB": InCI(
+        "run by .ci/run itself, whole (the checks of the quick profile through the memory layer of a simulated "
+        "24 GiB card), then on a 2 GiB card whose report .ci/assert-memory-run judges; tests/test_devmem.py and "
+        "tests/test_harness_errors.py run the option in smaller forms"),
     "pytest tests": InCI("run by .ci/run itself, whole: this file is one of its tests, so running it from "
                          "here would run this file again, and that again"),
     "pytest --benchmark-only": Way(check_plain_benchmark, root="bench"),
