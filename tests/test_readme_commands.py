@@ -444,6 +444,12 @@ COMMANDS: dict[str, Way | NotRun | Elsewhere | InCI] = {
         "run by .ci/run itself, whole (the checks of the quick profile through the memory layer of a simulated "
         "24 GiB card), then on a 2 GiB card whose report .ci/assert-memory-run judges; tests/test_devmem.py and "
         "tests/test_harness_errors.py run the option in smaller forms"),
+    **{cmd: Elsewhere("tests/test_first_hour_path.py::test_the_readme_first_hour_path",
+                      "the README's first hour, run in order with a home of its own and the bug planted between")
+       for cmd in ("mkdir -p ~/mine", "cp examples/triton_rms_backend.py ~/mine/my_rms.py",
+                   "pytest harness --backend-file ~/mine/my_rms.py --backend mytriton --report-dir ~/mine/before",
+                   "pytest harness --backend-file ~/mine/my_rms.py --backend mytriton --report-dir ~/mine/after",
+                   "python -m harness.report --compare ~/mine/before ~/mine/after")},
     "pytest tests": InCI("run by .ci/run itself, whole: this file is one of its tests, so running it from "
                          "here would run this file again, and that again"),
     "pytest --benchmark-only": Way(check_plain_benchmark, root="bench"),
