@@ -42,7 +42,7 @@ def test_the_rule_tells_the_kernels_errors_from_the_harnesss():
     kernel = _Kernel()
     inside = _raise(lambda: kernel._forward(None, None, None, 1e-6, None))
     assert raised_in_kernel(inside) and harness_error(inside, "call") is None
-    outside = _raise(lambda: None > 1)  # the d71247d error: a budget left None
+    outside = _raise(lambda: None > 1)  # a budget left None, compared as a harness bug would
     found = harness_error(outside, "call")
     assert found["error"].startswith("TypeError") and found["phase"] == "call" and "test_harness_errors" in found["where"]
     assert harness_error(_raise(lambda: pytest.fail("wrong y")), "call") is None  # a verdict is the kernel's

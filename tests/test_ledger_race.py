@@ -125,7 +125,7 @@ def test_the_stress_fails_against_the_racy_commits_ledger(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    shown = subprocess.run(["git", "show", f"{RACY_COMMIT}:harness/running/memory.py"], cwd=root, capture_output=True,
+    shown = subprocess.run(["git", "show", f"{RACY_COMMIT}:harness/memory.py"], cwd=root, capture_output=True,
                            text=True)
     if shown.returncode != 0:
         pytest.skip(f"commit {RACY_COMMIT} is not in this clone's history ({shown.stderr.strip()[:120]})")

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from harness.running import memory
+from harness.running import devmem, memory
 from harness.judging.cases import DTYPES
 
 
@@ -97,10 +97,11 @@ def device_budget(asked: str | None) -> int:
     """The bytes a benchmark process may use: ``--gpu-memory`` (``asked``; the process's allocator is
     capped at it too) or the free memory now, less the reserve (harness.running.memory.default_budget)."""
     size = memory.parse_size(asked) if asked else None
-    free, total = torch.cuda.mem_get_info()
+    card = devmem.RealCard()
+    free, total = card.mem_get_info()
     if size:
-        torch.cuda.set_per_process_memory_fraction(min(1.0, size / total))
-    return memory.default_budget(free + torch.cuda.memory_reserved(), size)
+        card.set_per_process_memory_fraction(min(1.0, size / total))
+    return memory.default_budget(free + card.memory_reserved(), size)
 
 
 def beyond_budget(s, name: str, budget: int, sample_elements: int) -> str | None:

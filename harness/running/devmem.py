@@ -23,6 +23,7 @@ import json
 import os
 from pathlib import Path
 
+from harness.running.ledger import pid_alive
 from harness.running.memory import CONTEXT_BYTES, fmt
 
 SIMULATE_ENV = "NORMDIFF_SIMULATE_GPU"  # "BYTES:FILE": the simulated card's size and its processes' file
@@ -185,29 +186,19 @@ class SimulatedCard:
 
     def _others(self) -> dict[str, int]:
         with self._file(exclusive=False) as (_, procs):
-            return {pid: used for pid, used in procs.items() if pid != str(os.getpid()) and _alive(int(pid))}
+            return {pid: used for pid, used in procs.items() if pid != str(os.getpid()) and pid_alive(int(pid))}
 
     def _publish(self, force: bool = False) -> None:
         if self._mode is None or (not force and self._published == self.reserved):
             return
         with self._file(exclusive=True) as (f, procs):
-            procs = {pid: used for pid, used in procs.items() if _alive(int(pid))}
+            procs = {pid: used for pid, used in procs.items() if pid_alive(int(pid))}
             procs[str(os.getpid())] = self._mine()
             f.seek(0)
             f.write(json.dumps(procs))
             f.truncate()
             f.flush()
         self._published = self.reserved
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 _CARD: list = []

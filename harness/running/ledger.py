@@ -27,6 +27,17 @@ class LedgerError(RuntimeError):
     """The ledger file is missing or not a whole ledger: the harness's fault, not a kernel's."""
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def ledger_path(directory: Path, gpu: str) -> Path:
     return Path(directory) / f"gpu{gpu}.ledger.json"
 
@@ -108,14 +119,8 @@ class GpuLedger:
         """A worker that died (a crash, a replaced worker) holds nothing any more."""
         for name, w in list(state["workers"].items()):
             pid = w.get("pid")
-            if pid is None or pid == os.getpid():
-                continue
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if pid is not None and pid != os.getpid() and not pid_alive(pid):
                 del state["workers"][name]
-            except PermissionError:
-                pass
 
     def set_held(self, held: int) -> None:
         with self._locked() as st:
