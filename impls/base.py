@@ -80,6 +80,8 @@ class NormKernel:
     op: ClassVar[str]
     backend: ClassVar[str]
     variant: ClassVar[str] = "default"
+    # "plain" (this interface) or "fused" (impls.fused: the residual add, weight offset, fp8 output).
+    family: ClassVar[str] = "plain"
     # Which outputs this kernel produces: y always; mean for layer_norm; rstd where exposed.
     outputs: ClassVar[tuple[str, ...]] = ("y",)
     # Devices the kernel runs on, by torch device type.

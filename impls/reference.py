@@ -54,3 +54,40 @@ def reference_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight=None, 
     dw = (dy64 * xhat).sum(dim=lead) if weight is not None else None
     db = dy64.sum(dim=lead) if bias is not None else None
     return NormGrads(dx=dx, dw=dw, db=db)
+
+
+def reference_fused(op: str, x: torch.Tensor, residual=None, weight=None, bias=None, eps: float | None = None,
+                    weight_offset: float = 0.0, stats_on: str = "float32_sum",
+                    residual_out_dtype: torch.dtype | None = None):
+    """The fused ops' oracle (impls.fused), in float64 on the low-precision inputs:
+    residual_out = x + residual exactly (a kernel's rounding of it is judged against this); the
+    row normalised is that sum as the kernel declares it takes its statistics: rounded to float32
+    ("float32_sum") or to residual_out's dtype ("rounded_sum"); the weight is ``weight_offset +
+    w`` in float64 on the weight as stored. Returns FusedOutputs (y unrounded and unscaled) and
+    the normalised rows (float64)."""
+    from impls.fused import BASE_OP, FusedOutputs
+
+    s = x.double()
+    if residual is not None:
+        s = s + residual.double()
+        keep = torch.float32 if stats_on == "float32_sum" else residual_out_dtype
+        src = s.to(keep).double()
+    else:
+        src = s
+    w = None if weight is None else weight.double() + weight_offset
+    plain = reference(BASE_OP[op], src, w, bias, eps if eps is not None else DEFAULT_EPS[BASE_OP[op]])
+    return FusedOutputs(y=plain.y, residual_out=s if residual is not None else None, mean=plain.mean,
+                        rstd=plain.rstd), src
+
+
+def reference_fused_backward(op: str, src: torch.Tensor, dy: torch.Tensor, d_residual_out=None, weight=None,
+                             bias=None, eps: float | None = None, weight_offset: float = 0.0):
+    """dx (= dresidual for the add ops), dw and db in float64 for rows ``src`` (what the forward
+    normalised): the plain backward with the weight offset added, plus residual_out's gradient."""
+    from impls.fused import BASE_OP, FusedGrads
+
+    base = BASE_OP[op]
+    w = None if weight is None else weight.double() + weight_offset
+    g = reference_backward(base, src, dy, w, bias, eps if eps is not None else DEFAULT_EPS[base])
+    dx = g.dx if d_residual_out is None else g.dx + d_residual_out.double()
+    return FusedGrads(dx=dx, dresidual=dx if d_residual_out is not None else None, dw=g.dw, db=g.db)

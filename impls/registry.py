@@ -21,7 +21,8 @@ from impls.base import NormKernel
 # told how to load it.
 KNOWN_PLUGINS = {"liger": "examples/liger_backend.py", "quack": "examples/quack_backend.py",
                  "flashinfer": "examples/flashinfer_backend.py"}
-BUILTIN_MODULES = ("impls.torch_eager", "impls.torch_compile", "impls.triton", "impls.tilelang", "impls.apex")
+BUILTIN_MODULES = ("impls.torch_eager", "impls.torch_compile", "impls.triton", "impls.tilelang", "impls.apex",
+                   "impls.torch_fused")
 ENTRY_POINT_GROUP = "normdiff.backends"
 
 _KERNELS: dict[tuple[str, str, str], NormKernel] = {}  # (backend, variant, op) -> kernel
@@ -139,8 +140,9 @@ def backends() -> list[str]:
     return sorted({b for b, _, _ in _KERNELS})
 
 
-def kernels(names: list[str] | None = None, op: str | None = None) -> list[NormKernel]:
-    """Registered kernels of the named backends (all when None), by backend, variant and op."""
+def kernels(names: list[str] | None = None, op: str | None = None, family: str | None = "plain") -> list[NormKernel]:
+    """Registered kernels of the named backends (all when None), by backend, variant and op: the
+    plain norms' (``family`` "plain"), the fused family's ("fused", impls.fused) or both (None)."""
     if names is not None:
         unknown = sorted(set(names) - set(backends()))
         if unknown:
@@ -149,13 +151,14 @@ def kernels(names: list[str] | None = None, op: str | None = None) -> list[NormK
         k
         for (b, v, o), k in sorted(_KERNELS.items())
         if (names is None or b in names) and (op is None or o == op)
+        and (family is None or getattr(k, "family", "plain") == family)
     ]
 
 
 def get(op: str, backend: str, variant: str | None = None) -> NormKernel:
-    found = [k for k in kernels([backend], op) if variant is None or k.variant == variant]
+    found = [k for k in kernels([backend], op, family=None) if variant is None or k.variant == variant]
     if not found:
-        valid = ", ".join(k.variant for k in kernels([backend], op)) or "none"
+        valid = ", ".join(k.variant for k in kernels([backend], op, family=None)) or "none"
         raise KeyError(f"no {op} kernel {backend}.{variant or '*'}; {backend}'s {op} variants: {valid}")
     return found[0]
 

@@ -1,0 +1,420 @@
+"""The fused norms LLM stacks call: a residual add before the norm (``add_rms_norm``,
+``add_layer_norm``), Gemma's ``(1 + w)`` weight (``weight_offset``) and an fp8 output with a
+per-tensor scale, behind one interface like the plain norms' (impls.base).
+
+A fused kernel is a NormKernel of the fused family (``FusedNormKernel``): its op is one of
+``FUSED_OPS`` (the add ops, and rms_norm or layer_norm with an offset or an fp8 output), its call
+takes the residual and the call's parameters, and it declares what the harness's oracle and guards
+must follow:
+
+- ``writes``: the write conventions it supports (``WRITES``): new outputs; y into x's storage and
+  ``residual_out`` into residual's (in place); or y into a given buffer and ``residual_out`` into
+  residual's.
+- ``stats_on``: whether its statistics (and the normalised row) are taken on the float32 sum
+  x + residual or on that sum rounded to ``residual_out``'s dtype.
+- ``residual_out_dtype``: the dtype of residual_out for given x and residual dtypes.
+- ``weight_offsets``, ``out_dtypes``: the offsets (0, or 1 for Gemma) and fp8 outputs it takes.
+- ``scale_convention``: "divide" (y / scale: the scale an fp8 tensor is dequantised with) or
+  "multiply" (y * scale); ``fp8_nan``: what a NaN becomes in its fp8 output.
+
+The call validates everything (``validate_fused``) and refuses bad input with NormInputError
+before any backend code runs, as the plain norms' does; a kernel writes ``_forward`` on 2-D rows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from impls.base import DEFAULT_EPS, NormKernel, UnsupportedCase
+from impls.inputs import (SUPPORTED_DTYPES, NormInputError, NormSpec, dtype_name, rows_view, validate_inputs)
+
+ADD_OPS: tuple[str, ...] = ("add_rms_norm", "add_layer_norm")
+# The plain norm each op normalises with.
+BASE_OP = {"add_rms_norm": "rms_norm", "add_layer_norm": "layer_norm", "rms_norm": "rms_norm",
+           "layer_norm": "layer_norm"}
+FUSED_OPS: tuple[str, ...] = ADD_OPS + ("rms_norm", "layer_norm")
+FP8_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
+# new: fresh y and residual_out; in_place: y into x, residual_out into residual; out_y: y into the
+# caller's buffer (``out.y``), residual_out into residual. x and residual not written are unchanged.
+WRITES: tuple[str, ...] = ("new", "in_place", "out_y")
+STATS_ON = ("float32_sum", "rounded_sum")
+SCALE_CONVENTIONS = ("divide", "multiply")
+FP8_NAN = ("nan", "max", "-max")
+
+for _op, _base in BASE_OP.items():
+    DEFAULT_EPS.setdefault(_op, DEFAULT_EPS[_base])
+
+
+@dataclass(frozen=True)
+class FusedOutputs:
+    """y (x's shape; x's dtype or the fp8 dtype asked for); residual_out = x + residual (the add
+    ops); mean and rstd float32 with the leading shape, where the kernel writes them."""
+
+    y: torch.Tensor
+    residual_out: torch.Tensor | None = None
+    mean: torch.Tensor | None = None
+    rstd: torch.Tensor | None = None
+
+    def fields(self) -> dict[str, torch.Tensor]:
+        named = (("y", self.y), ("residual_out", self.residual_out), ("mean", self.mean), ("rstd", self.rstd))
+        return {k: v for k, v in named if v is not None}
+
+
+@dataclass
+class FusedGrads:
+    """The backward's gradients: dx (x's dtype), dresidual (residual's dtype, the add ops), dw and
+    db (the parameters' dtype)."""
+
+    dx: torch.Tensor
+    dresidual: torch.Tensor | None = None
+    dw: torch.Tensor | None = None
+    db: torch.Tensor | None = None
+
+    def fields(self) -> dict[str, torch.Tensor]:
+        named = (("dx", self.dx), ("dresidual", self.dresidual), ("dw", self.dw), ("db", self.db))
+        return {k: v for k, v in named if v is not None}
+
+
+@dataclass(frozen=True)
+class FusedParams:
+    """A call's parameters beyond the plain norm's: the weight's offset, the output's dtype (None:
+    x's), the fp8 scale in the kernel's own convention, and the write convention."""
+
+    weight_offset: float = 0.0
+    out_dtype: torch.dtype | None = None
+    scale: float | None = None
+    write: str = "new"
+
+
+@dataclass(frozen=True)
+class FusedSpec(NormSpec):
+    """A fused problem, without the tensors: the plain spec and the call's choices."""
+
+    residual_dtype: torch.dtype | None = None
+    weight_offset: float = 0.0
+    out_dtype: torch.dtype | None = None
+    write: str = "new"
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max)
+
+
+# -- validation ---------------------------------------------------------------------------------
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors share an element of memory (exact for rows of one stride; otherwise
+    by marking the elements of their common byte range)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t):
+        lo = t.data_ptr() + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if st < 0) * t.element_size()
+        hi = t.data_ptr() + (sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if st > 0) + 1) * t.element_size()
+        return lo, hi
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    ra, rb = _rows(a), _rows(b)
+    if ra is not None and rb is not None and a.element_size() == b.element_size():
+        (pa, sa, na, ma), (pb, sb, nb, mb) = ra, rb
+        size = a.element_size()
+        stride = sa if ma > 1 else sb
+        if (pb - pa) % size == 0 and (ma == 1 or mb == 1 or sa == sb):
+            # Row i of a covers [i s, i s + na), row j of b [d + j s, d + j s + nb) (elements from
+            # a's start): they meet for some k = i - j in [-(mb - 1), ma - 1] with
+            # k s < d + nb and d < k s + na.
+            d = (pb - pa) // size
+            k_lo = max(math.floor((d - na) / stride) + 1, -(mb - 1))
+            k_hi = min(math.ceil((d + nb) / stride) - 1, ma - 1)
+            return k_lo <= k_hi
+    # Different layouts: mark a's elements on a byte map of the common range, then look at b's.
+    base = min(a0, b0)
+    marks = torch.zeros(max(a1, b1) - base, dtype=torch.bool, device=a.device)
+    offs = _byte_offsets(a) - base
+    for k in range(a.element_size()):
+        marks[offs + k] = True
+    offs = _byte_offsets(b) - base
+    return bool(any(marks[offs + k].any() for k in range(b.element_size())))
+
+
+def _rows(t: torch.Tensor):
+    """(data_ptr, row stride, N, M) where t's elements are M rows of N contiguous elements with
+    one row stride, else None."""
+    n = t.shape[-1]
+    if t.stride(-1) != 1 and n > 1:
+        return None
+    try:
+        r = rows_view(t, "t", allow_copy=False)
+    except NormInputError:
+        return None
+    return t.data_ptr(), (r.stride(0) if r.shape[0] > 1 else n), n, r.shape[0]
+
+
+def _byte_offsets(t: torch.Tensor) -> torch.Tensor:
+    index = torch.zeros((), dtype=torch.int64, device=t.device)
+    for size, stride in zip(t.shape, t.stride()):
+        index = index.unsqueeze(-1) + torch.arange(size, device=t.device) * stride
+    return t.data_ptr() + index.reshape(-1) * t.element_size()
+
+
+def validate_fused(op: str, x, residual, weight, bias, eps, params: FusedParams) -> None:
+    """Everything about a fused call that does not depend on the kernel; NormInputError names
+    what is wrong."""
+    if op not in FUSED_OPS:
+        raise NormInputError(f"unknown fused op {op!r}; expected one of {FUSED_OPS}")
+    validate_inputs(BASE_OP[op], x, weight, bias, eps)
+    if op in ADD_OPS:
+        if not isinstance(residual, torch.Tensor):
+            raise NormInputError(f"{op} needs residual, a torch.Tensor of x's shape; got {type(residual).__name__}")
+        if residual.shape != x.shape:
+            raise NormInputError(f"residual has shape {tuple(residual.shape)}; expected x's {tuple(x.shape)}")
+        if residual.device != x.device:
+            raise NormInputError(f"residual is on {residual.device} but x is on {x.device}")
+        if residual.dtype not in SUPPORTED_DTYPES:
+            names = ", ".join(dtype_name(d) for d in SUPPORTED_DTYPES)
+            raise NormInputError(f"residual has dtype {dtype_name(residual.dtype)}; expected one of {names}")
+        if residual.stride(-1) != 1 and residual.numel() > 0 and x.shape[-1] > 1:
+            raise NormInputError(f"residual's last dimension is not contiguous (stride {residual.stride(-1)})")
+        if overlaps(x, residual):
+            raise NormInputError("x and residual overlap in memory: they may be adjacent views of one buffer, "
+                                 "never overlapping ones")
+    elif residual is not None:
+        raise NormInputError(f"{op} takes no residual; pass residual=None (or call add_{op})")
+    offset = params.weight_offset
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+        raise NormInputError(f"weight_offset must be a finite number, got {offset!r}")
+    if offset and BASE_OP[op] != "rms_norm":
+        raise NormInputError(f"weight_offset is a parameter of the RMSNorm ops; {op} takes none")
+    if offset and weight is None:
+        raise NormInputError("weight_offset applies to a weight; pass one (the offset of Gemma's (1 + w))")
+    if params.out_dtype is not None:
+        if params.out_dtype not in FP8_DTYPES:
+            names = ", ".join(dtype_name(d) for d in FP8_DTYPES)
+            raise NormInputError(f"out_dtype {params.out_dtype} is not supported; expected None (x's dtype) or "
+                                 f"one of {names}")
+        s = params.scale
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+            raise NormInputError(f"an fp8 output needs scale, a finite number > 0; got {s!r}")
+        if op == "add_layer_norm":
+            raise NormInputError("fp8 output is offered for rms_norm, add_rms_norm and layer_norm; not add_layer_norm")
+        if params.write == "in_place":
+            raise NormInputError("an fp8 y cannot be written into x's storage (write='in_place'); use 'out_y' or 'new'")
+    elif params.scale is not None:
+        raise NormInputError("scale is the fp8 output's; pass out_dtype too, or no scale")
+    if params.write not in WRITES:
+        raise NormInputError(f"write must be one of {WRITES}, got {params.write!r}")
+    if op not in ADD_OPS and params.write != "new":
+        raise NormInputError(f"write={params.write!r} is a convention of the add ops; {op} writes new outputs "
+                             "(into out= where given)")
+
+
+def spec_of_fused(op: str, x2: torch.Tensor, device: str, weight, bias, residual_dtype, params: FusedParams) -> FusedSpec:
+    return FusedSpec(op=op, dtype=x2.dtype, rows=x2.shape[0], n=x2.shape[1], row_stride=x2.stride(0), device=device,
+                     has_weight=weight is not None, has_bias=bias is not None, residual_dtype=residual_dtype,
+                     weight_offset=float(params.weight_offset), out_dtype=params.out_dtype, write=params.write)
+
+
+class FusedNormKernel(NormKernel):
+    """Base class of the fused family. Subclasses set the declarations and write ``_forward``
+    (and ``_backward`` where they have one)."""
+
+    family: ClassVar[str] = "fused"
+    outputs: ClassVar[tuple[str, ...]] = ("y", "residual_out")
+    writes: ClassVar[tuple[str, ...]] = ("new",)
+    stats_on: ClassVar[str] = "float32_sum"
+    weight_offsets: ClassVar[tuple[float, ...]] = (0.0,)
+    # Output dtypes besides x's (None): fp8 formats.
+    out_dtypes: ClassVar[tuple[torch.dtype | None, ...]] = (None,)
+    scale_convention: ClassVar[str] = "divide"
+    fp8_nan: ClassVar[str] = "nan"
+    # Residual dtypes accepted: "same" (x's) and/or dtype names ("float32").
+    residual_dtypes: ClassVar[tuple[str, ...]] = ("same",)
+    # Where each declaration comes from (a peer's source file and line), for the report.
+    source: ClassVar[str] = ""
+
+    def residual_out_dtype(self, x_dtype: torch.dtype, residual_dtype: torch.dtype) -> torch.dtype:
+        """residual_out's dtype: by default the residual's (the stream keeps its precision)."""
+        return residual_dtype
+
+    def declaration(self) -> dict:
+        """What the harness follows for this kernel, as the report shows it."""
+        return {"writes": list(self.writes), "stats_on": self.stats_on,
+                "weight_offsets": list(self.weight_offsets),
+                "out_dtypes": [dtype_name(d) if d is not None else "x's" for d in self.out_dtypes],
+                "scale_convention": self.scale_convention, "fp8_nan": self.fp8_nan,
+                "residual_dtypes": list(self.residual_dtypes), "source": self.source}
+
+    def unsupported(self, spec: NormSpec) -> str | None:
+        reason = super().unsupported(spec)
+        if reason or not isinstance(spec, FusedSpec):
+            return reason
+        if spec.write not in self.writes:
+            return f"{self.name} does not write {spec.write!r} (writes {', '.join(self.writes)})"
+        if spec.weight_offset not in self.weight_offsets:
+            return f"{self.name} takes no weight offset {spec.weight_offset:g} (takes {', '.join(f'{o:g}' for o in self.weight_offsets)})"
+        if spec.out_dtype not in self.out_dtypes:
+            names = ", ".join("x's dtype" if d is None else dtype_name(d) for d in self.out_dtypes)
+            got = "x's dtype" if spec.out_dtype is None else dtype_name(spec.out_dtype)
+            return f"{self.name} does not output {got} (outputs {names})"
+        if spec.op in ADD_OPS and spec.residual_dtype is not None:
+            same = spec.residual_dtype == spec.dtype
+            if not (same and "same" in self.residual_dtypes) and dtype_name(spec.residual_dtype) not in self.residual_dtypes:
+                return (f"{self.name} takes no {dtype_name(spec.residual_dtype)} residual with {dtype_name(spec.dtype)} x "
+                        f"(takes {', '.join(self.residual_dtypes)})")
+            out_dtype = self.residual_out_dtype(spec.dtype, spec.residual_dtype)
+            if spec.write != "new" and out_dtype != spec.residual_dtype:
+                return (f"{self.name} writes residual_out in {dtype_name(out_dtype)}, which cannot go into the "
+                        f"{dtype_name(spec.residual_dtype)} residual's storage (write={spec.write!r})")
+        return None
+
+    # -- the call -----------------------------------------------------------------------------
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, weight=None, bias=None,
+                 eps: float | None = None, *, weight_offset: float = 0.0, out_dtype: torch.dtype | None = None,
+                 scale: float | None = None, write: str = "new", out: FusedOutputs | None = None) -> FusedOutputs:
+        params = FusedParams(weight_offset, out_dtype, scale, write)
+        return self.validated_call(x, residual, weight, bias, eps, params, out)
+
+    def validated_call(self, x, residual=None, weight=None, bias=None, eps=None, params: FusedParams = FusedParams(),
+                       out: FusedOutputs | None = None) -> FusedOutputs:
+        eps = DEFAULT_EPS[self.op] if eps is None else eps
+        validate_fused(self.op, x, residual, weight, bias, eps, params)
+        writes_inputs = params.write != "new"
+        x2 = rows_view(x, "x", allow_copy=params.write != "in_place")
+        r2 = None if residual is None else rows_view(residual, "residual", allow_copy=not writes_inputs)
+        spec = spec_of_fused(self.op, x2, x.device.type, weight, bias, None if residual is None else residual.dtype, params)
+        reason = self.unsupported(spec)
+        if reason:
+            raise UnsupportedCase(reason)
+        out = self._outputs(x, residual, params, out)
+        if x2.shape[0] == 0:
+            return out
+        out2 = FusedOutputs(
+            y=x2 if params.write == "in_place" else rows_view(out.y, "out.y", allow_copy=False),
+            residual_out=r2 if writes_inputs else (None if out.residual_out is None else
+                                                   rows_view(out.residual_out, "out.residual_out", allow_copy=False)),
+            mean=None if out.mean is None else out.mean.view(-1),
+            rstd=None if out.rstd is None else out.rstd.view(-1),
+        )
+        self._forward(x2, r2, weight, bias, float(eps), params, out2)
+        return out
+
+    def _outputs(self, x, residual, params: FusedParams, out: FusedOutputs | None) -> FusedOutputs:
+        """The call's outputs: the caller's (checked) or fresh ones, with x's or residual's
+        storage where the write convention puts y or residual_out there."""
+        lead = x.shape[:-1]
+        y_dtype = params.out_dtype or x.dtype
+        r_dtype = None if residual is None else self.residual_out_dtype(x.dtype, residual.dtype)
+        stat = lambda: torch.empty(lead, dtype=torch.float32, device=x.device)  # noqa: E731
+        if out is None:
+            y = x if params.write == "in_place" else torch.empty(x.shape, dtype=y_dtype, device=x.device)
+            r_out = None
+            if residual is not None:
+                r_out = residual if params.write != "new" else torch.empty(x.shape, dtype=r_dtype, device=x.device)
+            return FusedOutputs(y=y, residual_out=r_out, mean=stat() if "mean" in self.outputs else None,
+                                rstd=stat() if "rstd" in self.outputs else None)
+        if params.write != "in_place":
+            _check_out("out.y", out.y, x.shape, y_dtype, x.device)
+        if residual is not None and params.write == "new":
+            _check_out("out.residual_out", out.residual_out, x.shape, r_dtype, x.device)
+        for name in ("mean", "rstd"):
+            t = getattr(out, name)
+            if name in self.outputs and t is None:
+                raise NormInputError(f"{self.name} writes {name}; out.{name} must be given")
+            if t is not None:
+                _check_out(f"out.{name}", t, lead, torch.float32, x.device, whole=True)
+        return FusedOutputs(y=x if params.write == "in_place" else out.y,
+                            residual_out=(residual if params.write != "new" else out.residual_out),
+                            mean=out.mean, rstd=out.rstd)
+
+    def _forward(self, x, residual, weight, bias, eps: float, params: FusedParams, out: FusedOutputs) -> None:
+        """Write y, residual_out and the statistics for 2-D rows. Under write='in_place', out.y is
+        x and out.residual_out is residual (each read before it is written); under 'out_y',
+        out.residual_out is residual."""
+        raise NotImplementedError
+
+    # -- the backward -------------------------------------------------------------------------
+    @property
+    def has_backward(self) -> bool:
+        return type(self)._backward is not FusedNormKernel._backward
+
+    def backward_unsupported(self, spec: NormSpec) -> str | None:
+        if isinstance(spec, FusedSpec) and spec.out_dtype is not None:
+            return f"{self.name}: no backward through an fp8 output"
+        return super().backward_unsupported(spec)
+
+    def backward(self, x: torch.Tensor, residual, weight, bias, dy: torch.Tensor, saved: FusedOutputs,
+                 eps: float | None = None, *, d_residual_out: torch.Tensor | None = None,
+                 weight_offset: float = 0.0, out: FusedGrads | None = None) -> FusedGrads:
+        """dx, dresidual, dw and db for the forward call that gave ``saved`` (its residual_out and
+        statistics): dy is y's gradient, d_residual_out residual_out's (None: zero)."""
+        if not self.has_backward:
+            raise UnsupportedCase(f"{self.name} has no backward")
+        eps = DEFAULT_EPS[self.op] if eps is None else eps
+        params = FusedParams(weight_offset=weight_offset)
+        validate_fused(self.op, x, residual, weight, bias, eps, params)
+        for label, g, like in (("dy", dy, x), ("d_residual_out", d_residual_out, saved.residual_out)):
+            if g is None:
+                continue
+            if like is None or g.shape != like.shape or g.dtype != like.dtype or g.device != like.device:
+                want = "x" if label == "dy" else "residual_out"
+                raise NormInputError(f"{label} must match {want}: got {tuple(g.shape)} {dtype_name(g.dtype)} on {g.device}")
+        if self.op in ADD_OPS and saved.residual_out is None:
+            raise NormInputError(f"{self.name}'s backward needs the forward's residual_out")
+        for name in self.outputs:
+            if name in ("mean", "rstd") and getattr(saved, name) is None:
+                raise NormInputError(f"{self.name}'s backward needs the forward's saved {name}")
+        x2 = rows_view(x, "x", allow_copy=True)
+        spec = spec_of_fused(self.op, x2, x.device.type, weight, bias, None if residual is None else residual.dtype, params)
+        reason = self.backward_unsupported(spec)
+        if reason:
+            raise UnsupportedCase(reason)
+        if out is None:
+            out = FusedGrads(dx=torch.empty_like(x), dresidual=None if residual is None else torch.empty_like(residual),
+                             dw=None if weight is None else torch.empty_like(weight),
+                             db=None if bias is None else torch.empty_like(bias))
+        if not x2.shape[0]:
+            for t in (out.dw, out.db):
+                if t is not None:
+                    t.zero_()
+            return out
+        src = saved.residual_out if self.op in ADD_OPS else x
+        rows = lambda t, label, copy=True: None if t is None else rows_view(t, label, allow_copy=copy)  # noqa: E731
+        grads = FusedGrads(dx=rows(out.dx, "out.dx", False), dresidual=rows(out.dresidual, "out.dresidual", False),
+                           dw=out.dw, db=out.db)
+        stats = FusedOutputs(y=rows(src, "residual_out"), mean=None if saved.mean is None else saved.mean.reshape(-1),
+                             rstd=None if saved.rstd is None else saved.rstd.reshape(-1))
+        self._backward(stats.y, weight, bias, rows(dy, "dy"), rows(d_residual_out, "d_residual_out"), stats,
+                       float(eps), float(weight_offset), grads)
+        return out
+
+    def _backward(self, src, weight, bias, dy, d_residual_out, saved: FusedOutputs, eps: float,
+                  weight_offset: float, out: FusedGrads) -> None:
+        """Write dx (and dresidual, dw, db where given) for 2-D rows: ``src`` is what was
+        normalised (x, or the forward's residual_out), ``saved`` holds its mean and rstd."""
+        raise NotImplementedError
+
+    # The plain-norm benchmark and warm-call paths take (x, weight, bias, eps): not this family's.
+    def user_call(self, x, weight, bias, eps):
+        raise UnsupportedCase(f"{self.name} is a fused kernel: see harness/benchmarks/bench_fused.py")
+
+
+def _check_out(label: str, t, shape, dtype, device, whole: bool = False) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise NormInputError(f"{label} must be a tensor of shape {tuple(shape)}")
+    if t.shape != shape or t.dtype != dtype or t.device != device:
+        raise NormInputError(f"{label} must be {dtype_name(dtype)} {tuple(shape)} on {device}, "
+                             f"got {dtype_name(t.dtype)} {tuple(t.shape)} on {t.device}")
+    if whole and not t.is_contiguous():
+        raise NormInputError(f"{label} must be contiguous")
+    if not whole and t.dim() and t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise NormInputError(f"{label}'s last dimension must be contiguous")
+
+
+def is_fused(kernel) -> bool:
+    return isinstance(kernel, FusedNormKernel)
