@@ -18,6 +18,7 @@ import torch
 from harness.judging import properties
 from harness.running import attribution, isolation, memory_watch, scheduling, workers
 from harness.judging.cases import DTYPES, Case, backward_catalogue, catalogue
+from harness.judging.fused_cases import fused_backward_catalogue, fused_catalogue
 from harness.running.controller import Controller
 from harness.running.progress import Progress
 from harness.running.run import STATE, backend_status, is_benchmark_run, split_names
@@ -26,6 +27,7 @@ from harness.report.failure import summary_line
 from harness.running.state import HarnessState
 from impls import registry
 from impls.base import OPS, NormKernel
+from impls.fused import ADD_OPS
 
 
 def pytest_addoption(parser):
@@ -35,7 +37,9 @@ def pytest_addoption(parser):
         "--backend-file", action="append", default=[], metavar="PATH",
         help="a Python file that registers kernels of an outside backend (repeatable)",
     )
-    group.addoption("--op", default="all", help="all, rms_norm or layer_norm (comma-separated)")
+    group.addoption("--op", default="all",
+                    help="all, or rms_norm, layer_norm, add_rms_norm, add_layer_norm (comma-separated); rms_norm and "
+                         "layer_norm include their fused forms (weight offset, fp8 output)")
     group.addoption("--dtype", default=None,
                     help="all, or float32,float16,bfloat16 (comma-separated); default: all (the benchmarks' "
                          "headline set: bfloat16)")
@@ -89,12 +93,16 @@ def pytest_configure(config):
     named = split_names(config.getoption("backend"), None, "backend")
     backends = split_names(",".join(registry.expand(list(named))), tuple(registry.backends()), "backend") \
         if named else None
-    ops = split_names(config.getoption("op"), OPS, "op")
+    ops = split_names(config.getoption("op"), OPS + ADD_OPS, "op")
     dtypes = split_names(config.getoption("dtype") or "all", tuple(DTYPES), "dtype")
     profile = config.getoption("profile") or ("full" if torch.cuda.is_available() else "quick")
-    kernels = [k for k in registry.kernels(list(backends) if backends else None) if ops is None or k.op in ops]
+    selected = list(backends) if backends else None
+    kernels = [k for k in registry.kernels(selected) if ops is None or k.op in ops]
+    fused_kernels = [k for k in registry.kernels(selected, family="fused") if ops is None or k.op in ops]
     wanted = lambda c: (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)  # noqa: E731
     cases, backward_cases = [c for c in catalogue(profile) if wanted(c)], [c for c in backward_catalogue(profile) if wanted(c)]
+    fused_cases = [c for c in fused_catalogue(profile) if wanted(c)]
+    fused_backward_cases = [c for c in fused_backward_catalogue(profile) if wanted(c)]
     selection = {
         "backend": config.getoption("backend"),
         "backend_file": config.getoption("backend_file"),
@@ -107,7 +115,8 @@ def pytest_configure(config):
     }
     state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config,
                          backward_cases=backward_cases, batch_cases=properties.batch_cases(profile),
-                         backward_batch_cases=properties.backward_batch_cases(profile))
+                         backward_batch_cases=properties.backward_batch_cases(profile),
+                         fused_kernels=fused_kernels, fused_cases=fused_cases, fused_backward_cases=fused_backward_cases)
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normdiff-state")
     if not isolation.worker_id(config) and not is_benchmark_run(config):
@@ -119,7 +128,8 @@ def pytest_configure(config):
     elif not is_benchmark_run(config):
         state.watch = isolation.CallWatch(config)
         memory_watch.register_cache("the checks' oracle and kept outputs",
-                                    lambda: (state.oracle, state._last_outputs, state._last_scales),  # noqa: SLF001
+                                    lambda: (state.oracle, state.fused_oracle, state._last_outputs,  # noqa: SLF001
+                                             state._last_scales),  # noqa: SLF001
                                     state.forget_case)
         watch = memory_watch.MemoryWatch(config, state)
         config.pluginmanager.register(watch, "normdiff-memory")
@@ -156,8 +166,9 @@ def pytest_report_header(config):
     state = config.stash.get(STATE, None)
     if state is None:
         return None
-    lines = [f"normdiff: profile {state.profile}, {len(state.cases)} cases, {len(state.backward_cases)} backward, backends:"]
-    for name, (note, why) in backend_status(state.kernels).items():
+    lines = [f"normdiff: profile {state.profile}, {len(state.cases)} cases, {len(state.backward_cases)} backward, "
+             f"{len(state.fused_cases)} fused, {len(state.fused_backward_cases)} fused backward, backends:"]
+    for name, (note, why) in backend_status(state.kernels + state.fused_kernels).items():
         lines.append(f"  {name}: {why and 'unavailable: ' + why or note}")
     for source, err in registry.load_errors().items():
         lines.append(f"  {source} failed to load: {err}")
@@ -178,6 +189,12 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("case_kernel", params, ids=ids)
     elif "kernel" in metafunc.fixturenames:
         metafunc.parametrize("kernel", state.kernels, ids=[f"{k.op}-{k.name}" for k in state.kernels])
+    for fixture, cases in (("fused_case_kernel", state.fused_cases), ("fused_backward_case_kernel", state.fused_backward_cases)):
+        if fixture in metafunc.fixturenames:
+            pairs = [(c, k) for c in cases for k in state.fused_kernels if k.op == c.op]
+            metafunc.parametrize(fixture, pairs, ids=[f"{c.id}-{k.name}" for c, k in pairs])
+    if "fused_kernel" in metafunc.fixturenames:
+        metafunc.parametrize("fused_kernel", state.fused_kernels, ids=[f"{k.op}-{k.name}" for k in state.fused_kernels])
 
 
 @pytest.fixture

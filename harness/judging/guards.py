@@ -19,8 +19,15 @@ TAIL = 64  # and after it
 GAP = 16  # canary columns after each row of y
 
 # Signalling NaNs with a distinctive payload: arithmetic only ever produces quiet NaNs.
-POISON_BITS = {torch.float16: 0x7DA5, torch.bfloat16: 0x7FA5, torch.float32: 0x7FA5A5A5}
-_INT_VIEW = {2: torch.int16, 4: torch.int32}
+POISON_BITS = {torch.float16: 0x7DA5, torch.bfloat16: 0x7FA5, torch.float32: 0x7FA5A5A5,
+               # fp8 (the fused family's y): a negative NaN, which a cast of a NaN does not give (0x7F)
+               torch.float8_e4m3fn: -1, torch.float8_e5m2: -3}  # 0xFF, 0xFD as int8
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32}
+
+
+def bits_of(t: torch.Tensor) -> torch.Tensor:
+    """t's bits as integers of its width (poison and canaries compare bits, not values)."""
+    return t.view(_INT_VIEW[t.element_size()])
 
 
 # Inspections and input comparisons go through their tensors in chunks of this many elements, so
@@ -41,7 +48,7 @@ class Guarded:
     gap: int
 
     def bits(self) -> torch.Tensor:
-        return self.buffer.view(_INT_VIEW[self.buffer.element_size()])
+        return bits_of(self.buffer)
 
     def canaries(self) -> list[tuple[int, torch.Tensor]]:
         """(buffer offset of the first element, bits as rows) of every canary region, in buffer order."""

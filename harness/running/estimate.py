@@ -101,6 +101,8 @@ def check_estimate(test: str, case, kernel, peers=(), device: str = "cuda") -> E
         drawn = Case(kernel.op, "float32", FUZZ_SHAPE, row_pad=FUZZ_PAD,
                      dy_dist="normal" if test == "test_fuzz_backward" else None)
         parts.update(_oracle_check(test == "test_fuzz_backward", drawn, kernel, (), device))
+    elif test.startswith("test_fused") and case is not None:
+        parts.update(_fused_check(test == "test_fused_backward", case, kernel, device))
     elif case is None or test in SMALL_TESTS:
         from harness.judging.cases import Case
 
@@ -130,6 +132,23 @@ def _oracle_check(backward: bool, case, kernel, peers, device: str) -> dict[str,
         parts["held"] = held_bytes(backward, case, peers, device, judged=(kernel,))
     else:
         parts["inputs"] = x
+    return parts
+
+
+def _fused_check(backward: bool, case, kernel, device: str) -> dict[str, int]:
+    """test_fused_against_oracle or test_fused_backward (harness.judging.fused_runner): x's and
+    residual's buffers three times (the case's, the call's copy, its snapshot), the float64
+    oracle (the sum, the row normalised, y, the plain reference's temporaries), the outputs, the
+    comparison; backward: dy, residual_out's gradient, the gradients, their snapshots and oracle."""
+    b, n, r, e, s = _sizes(case)
+    rb = case.residual_torch_dtype.itemsize if getattr(case, "residual_torch_dtype", None) else 0
+    buffers = s * (b + rb) + 1024
+    parts = {"inputs": 3 * buffers + 4 * n * b, "oracle": 5 * 8 * e + 32 * r,
+             "outputs": r * (n + 16) * (b + max(rb, 4)) + 8 * r,
+             "workspace": workspace_bytes(kernel, case, device) + 2 * 4 * e,
+             "work": COMPARE_F64 * 8 * e}
+    if backward:
+        parts["backward"] = 3 * e * (b + rb) + 2 * (buffers + e * (b + rb)) + 10 * 8 * e
     return parts
 
 

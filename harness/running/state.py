@@ -18,6 +18,7 @@ from harness.running.controller import Controller
 from harness.running.records import collect_records, fold_report, save_collection
 from harness.report import add_agreement_cell
 from harness.running.run import backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir
+from harness.judging.fused_runner import FusedOracleCache
 from harness.judging.runner import CheckResult, OracleCache, device_for
 from impls.base import NormKernel
 
@@ -38,8 +39,12 @@ class HarnessState:
     backward_cases: list[Case] = field(default_factory=list)  # harness/test_backward.py's
     batch_cases: list[Case] = field(default_factory=list)  # harness/test_properties.py's
     backward_batch_cases: list[Case] = field(default_factory=list)  # harness/test_backward.py's batch invariance
+    fused_kernels: list[NormKernel] = field(default_factory=list)  # the fused family's (harness/test_fused.py)
+    fused_cases: list[Case] = field(default_factory=list)
+    fused_backward_cases: list[Case] = field(default_factory=list)
     records: dict[str, dict] = field(default_factory=dict)  # nodeid -> record
     oracle: OracleCache = field(default_factory=OracleCache)
+    fused_oracle: FusedOracleCache = field(default_factory=FusedOracleCache)
     # Agreement: (op, dtype, kernel_a, kernel_b) -> [max difference in allowed errors, cases, worst case]
     agreement: dict[tuple[str, str, str, str], list] = field(default_factory=dict)
     # Kernels compiled without being run (compile-only checks), for the report's compiled section.
@@ -63,11 +68,12 @@ class HarnessState:
         it per check): it weighs checks by their case's size and keeps the largest in few lanes per
         GPU (their GPU memory). The batch-invariance cases are among the largest (4096 x 65536 on
         the full profile)."""
-        return {c.id: c for c in self.cases + self.backward_cases + self.batch_cases + self.backward_batch_cases}
+        return {c.id: c for c in self.cases + self.backward_cases + self.batch_cases + self.backward_batch_cases
+                + self.fused_cases + self.fused_backward_cases}
 
     @property
     def kernel_index(self) -> dict[tuple[str, str], NormKernel]:
-        return {(k.name, k.op): k for k in self.kernels}
+        return {(k.name, k.op): k for k in self.kernels + self.fused_kernels}
 
     @staticmethod
     def device_for(kernel: NormKernel) -> str:
@@ -106,9 +112,9 @@ class HarnessState:
             records=self.records,
             agreement=self.agreement,
             compiled=self.compiled,
-            backends=backend_status(self.kernels),
+            backends=backend_status(self.kernels + self.fused_kernels),
             selection=self.selection,
-            environment=environment(self.kernels),
+            environment=environment(self.kernels + self.fused_kernels),
             command=invocation(config),
             elapsed=time.time() - self.started,
         )
@@ -142,6 +148,7 @@ class HarnessState:
     def forget_case(self) -> None:
         """Drop the last case's inputs, oracle and kept outputs (its checks are over here)."""
         self.oracle.forget()
+        self.fused_oracle.forget()
         self._last_case, self._last_outputs, self._last_scales = None, {}, None
 
     def add_agreement(self, op, dtype, a, b, d, case_id) -> None:
