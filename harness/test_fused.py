@@ -15,7 +15,8 @@ def test_fused_against_oracle(fused_case_kernel, harness_state, request):
     result = fused_runner.check_fused(kernel, case, oracle=harness_state.fused_oracle, watch=harness_state.watch)
     if result.skipped:
         pytest.skip(result.skipped)
-    record(request.node, errors=[e.to_dict() for e in result.errors], findings=[f.__dict__ for f in result.findings])
+    record(request.node, errors=[e.to_dict() for e in result.errors], findings=[f.__dict__ for f in result.findings],
+           declaration=kernel.declaration())
     assert result.ok, result.failure_message()
 
 

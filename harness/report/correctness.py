@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from harness.report import memory, pattern, properties
+from harness.report import fused, memory, pattern, properties
 from harness.report.failure import LEGEND, render_failure, repro_command
 from harness.report.outcomes import HARNESS_ERROR
 from harness.report.markdown import fmt, table
@@ -21,6 +21,7 @@ def render_markdown(doc: dict) -> str:
     lines += render_skip_reasons(records)
     lines += render_compiled(doc.get("compiled") or ())
     lines += properties.render(records, table)
+    lines += fused.render(records, table)
     lines += render_known_issues(records)
     lines += memory.render_memory(doc, table)
     lines += render_failures(doc, records)
