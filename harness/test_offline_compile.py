@@ -33,7 +33,7 @@ def pytest_generate_tests(metafunc):
         return
     state = metafunc.config.stash[STATE]
     share = quick_builds if state.profile == "quick" else tuple
-    params = [(k, b) for k in state.kernels for b in share(k.offline_builds())]
+    params = [(k, b) for k in state.kernels + state.fused_kernels for b in share(k.offline_builds())]
     metafunc.parametrize("offline_build", params, ids=[
         f"{k.op}-{k.name}-" + "-".join(str(p) for p in b if p is not None) for k, b in params])
 

@@ -11,6 +11,10 @@
 #                                 phases find both there (a warm machine keeps /tmp)
 #   tools/gpu_run.sh memory OUT   the checks on a card of 24 GiB where memory decides: every backend
 #                                 with Liger, --gpu-memory 24GiB --min-check-memory 1GiB
+#   tools/gpu_run.sh peers OUT    one part of QuACK and FlashInfer (PEERS_PART=1 or 2; tools/pack_peer_wheels.sh)
+#                                 unpacked into /tmp/site: one part a call, the machine kept warm between
+#   tools/gpu_run.sh fused OUT    the fused family's checks (harness/test_fused.py), full profile, with the
+#                                 three plug-ins; FUSED_BACKENDS (default all), FUSED_ARGS adds pytest arguments
 #   tools/gpu_run.sh tests OUT    the framework's tests
 #   tools/gpu_run.sh bench OUT    the benchmark suite (BENCH_SET, default full: the whole sweep; BENCH_REPEAT passes of the bandwidth
 #                                 part, default 2), the measured shapes (docs/measurements.md); tools.host_cost. BENCH_ARGS adds
@@ -36,6 +40,8 @@ set -uo pipefail
 phase=$1 out=$2
 mkdir -p "$out"
 [[ -d /tmp/site ]] && PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+# nvidia-cutlass-dsl's .pth file, which a PYTHONPATH folder does not read (tools/pack_peer_wheels.sh)
+[[ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ]] && PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
 [[ -d /tmp/apex && -z ${APEX_LIB:-} ]] && APEX_LIB=/tmp/apex
 export PYTHONPATH=$PWD${APEX_LIB:+:$APEX_LIB}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TORCHINDUCTOR_FX_GRAPH_CACHE=1
 jobs=$(nproc)
@@ -74,6 +80,20 @@ checks)
      > "$out/checks.log" 2>&1
   echo "checks: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/checks.log"
   tail -n 6 "$out/checks.log"
+  ;;
+peers)
+  start=$SECONDS
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf ".devdeps/peers-site.${PEERS_PART:?PEERS_PART=1 or 2}.tar.xz"
+  echo "peers part $PEERS_PART: exit $?, $((SECONDS - start)) s"
+  ;;
+fused)
+  peers=("${liger[@]}" --backend-file examples/quack_backend.py --backend-file examples/flashinfer_backend.py)
+  start=$SECONDS
+  timeout -s INT -k 20 "${FUSED_TIMEOUT:-500}" python -m pytest harness/test_fused.py --profile full \
+     --backend "${FUSED_BACKENDS:-all}" "${peers[@]}" -q -p no:randomly --report-dir="$out" ${FUSED_ARGS:-} \
+     > "$out/fused.log" 2>&1
+  echo "fused: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/fused.log"
+  tail -n 12 "$out/fused.log"
   ;;
 tests)
   pt "${TESTS_TIMEOUT:-300}" tests -n 0 > "$out/tests.log" 2>&1; tail -n 3 "$out/tests.log"
@@ -115,5 +135,5 @@ longprobe)
     done
   done
   ;;
-*) echo "usage: tools/gpu_run.sh setup|checks|memory|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
+*) echo "usage: tools/gpu_run.sh setup|peers|fused|checks|memory|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
 esac
