@@ -110,6 +110,7 @@ import math
 import torch
 
 from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
+from impls.fused import ADD_OPS, FusedGrads, FusedNormKernel, FusedOutputs, FusedParams
 from impls.registry import register
 
 QUACK_VERSION = "0.6.5"
@@ -467,3 +468,124 @@ class QuackTunedLayerNorm(_QuackTuned):
     def _inputs(self, x, weight, bias):
         n = x.shape[-1]
         return as_quack_takes(x, n), _f32(weight, n), _f32(bias, n)
+
+
+# -- the fused family (impls.fused) -----------------------------------------------------------------
+# QuACK's residual add and weight offset, through the public rmsnorm_fwd and rmsnorm_bwd
+# (rmsnorm.py of the 0.6.5 wheel, as above):
+# - rmsnorm_fwd(x, weight, residual=, residual_dtype=, eps=, store_rstd=, weight_offset=) (:473-506)
+#   returns (out, residual_out, rstd), all new (:487-497): writes "new" only.
+# - the add: x + residual in float32 (:252-255), residual_out its rounding to residual_dtype
+#   (:256-260), which defaults to the residual's dtype (:490-495); the statistics and y are taken on
+#   the float32 sum (:313-324, reloaded the same way :338-349): stats_on "float32_sum". The residual
+#   may be float32, float16 or bfloat16 whatever x is (:399-400): residual_dtypes all three.
+# - weight_offset: any float, added to the weight in float32, baked in at compile time (:72-79,
+#   :354-356); QuACK's Gemma is 1.0 (:1683-1686). Declared 0 and 1.
+# - rstd is returned (store_rstd=True, :489); no fp8 output (out_dtype casts y without a scale).
+# - backward: what RMSNormFunction does (:1635, :1645-1663): rmsnorm_bwd on the forward's
+#   residual_out (the rounded sum), with d_residual_out added to dx (:1132-1133), has_residual=True
+#   (dresidual is dx, :1379-1380 and :1423-1424), the offset added to the weight (:1119-1120). dx
+#   is in residual_out's dtype (:1382, :1443), copied into x's.
+# - layernorm_fwd takes no residual (it passes None, :1778), so QuACK's add_layer_norm is not
+#   reachable through its public LayerNorm entry point (only through rmsnorm_fwd_tuned's
+#   is_layernorm=True, the autotuned one): not declared.
+# Found by reading (documentation vs code): _rmsnorm_fwd's docstring (:391-392) says it returns the
+# normalised tensor, and _rmsnorm_bwd's (:1239-1242) a tuple (dx, dw); both return None and write
+# into the tensors they are given (:384, :1229); rmsnorm_fwd's comment at :503 names a dropout_p
+# that is not one of its parameters.
+class _QuackFused(FusedNormKernel):
+    backend = "quack"
+    packages = ("quack-kernels", "nvidia-cutlass-dsl")
+    devices = ("cuda",)
+    max_n = MAX_N
+    rounding = "once"
+    weight_offsets = (0.0, 1.0)
+
+    note = _Quack.note
+
+    def availability(self) -> str | None:
+        return availability()
+
+    def known_issue(self, case_id: str, device: str) -> str | None:
+        """16-bit rows of odd N do not compile (the known issue above): x's, or a 16-bit residual's,
+        which goes into shared memory by the same cp.async (:239-241; the vector is one element
+        when N is odd, :126). The fused case id names a residual dtype as ``-r<dtype>``."""
+        found = case_words(case_id)
+        if device != "cuda" or found is None:
+            return None
+        dtype, n = found
+        dtypes = [dtype] + [getattr(torch, w[1:]) for w in case_id.split("-")
+                            if w in ("rfloat32", "rfloat16", "rbfloat16")]
+        return ODD_16BIT if any(odd_16bit(d, n) for d in dtypes) else None
+
+    def backward_unsupported(self, spec) -> str | None:
+        reason = super().backward_unsupported(spec)
+        if reason:
+            return reason
+        src = spec.residual_dtype if spec.op in ADD_OPS and spec.residual_dtype is not None else spec.dtype
+        if src == torch.float32 and spec.n > BACKWARD_F32_MAX_N:
+            return (f"N={spec.n}: quack's backward takes float32 rows of at most {BACKWARD_F32_MAX_N} "
+                    "(RMSNormBackward: not enough shared memory beyond 128 Ki 32-bit elements)")
+        return None
+
+    def _grads(self, src, weight, dy, d_residual_out, saved: FusedOutputs, weight_offset, out: FusedGrads) -> None:
+        n = src.shape[-1]
+        dres = None if d_residual_out is None else as_quack_takes(d_residual_out, n)
+        dx, dw, _, dresidual = _quack().rmsnorm_bwd(
+            as_quack_takes(src, n), weight, as_quack_takes(dy, n), saved.rstd.contiguous(), dres,
+            has_bias=False, has_residual=out.dresidual is not None, weight_offset=weight_offset)
+        out.dx.copy_(dx.view(out.dx.shape))
+        if out.dresidual is not None:
+            out.dresidual.copy_(dresidual.view(out.dresidual.shape))
+        if out.dw is not None:
+            out.dw.copy_(dw)
+
+
+@register
+class QuackAddRMSNorm(_QuackFused):
+    op = "add_rms_norm"
+    variant = "residual"
+    outputs = ("y", "residual_out", "rstd")
+    writes = ("new",)
+    stats_on = "float32_sum"
+    residual_dtypes = ("same", "float32", "float16", "bfloat16")
+    call_name = ("quack.rmsnorm.rmsnorm_fwd(x, weight, residual=residual, eps=eps, store_rstd=True, "
+                 "weight_offset=offset)")
+    source = ("quack/rmsnorm.py:473-506 (rmsnorm_fwd: new out and residual_out, residual_out in the residual's "
+              "dtype :490-495), :252-260 and :313-324 (float32 sum, rstd on it), :354-356 (weight_offset); "
+              "backward :1350-1425 (rmsnorm_bwd with dresidual_out, has_residual), as RMSNormFunction :1635-1663")
+
+    def _forward(self, x, residual, weight, bias, eps, params: FusedParams, out: FusedOutputs) -> None:
+        n = x.shape[-1]
+        y, r_out, rstd = _quack().rmsnorm_fwd(as_quack_takes(x, n), as_quack_takes(weight, n),
+                                              residual=as_quack_takes(residual, n), eps=eps, store_rstd=True,
+                                              weight_offset=float(params.weight_offset))
+        out.y.copy_(y.view(out.y.shape))
+        out.residual_out.copy_(r_out.view(out.residual_out.shape))
+        out.rstd.copy_(rstd.reshape(-1))
+
+    def _backward(self, src, weight, bias, dy, d_residual_out, saved, eps, weight_offset, out: FusedGrads) -> None:
+        self._grads(src, weight, dy, d_residual_out, saved, weight_offset, out)
+
+
+@register
+class QuackRMSNormOffset(_QuackFused):
+    """rms_norm with Gemma's (1 + w): rmsnorm_fwd's weight_offset (:482, :498-499)."""
+
+    op = "rms_norm"
+    variant = "offset"
+    outputs = ("y", "rstd")
+    writes = ("new",)
+    call_name = "quack.rmsnorm.rmsnorm_fwd(x, weight, eps=eps, store_rstd=True, weight_offset=offset)"
+    source = ("quack/rmsnorm.py:473-506 (rmsnorm_fwd, weight_offset :482, :498-499), :72-79 and :350-360 "
+              "(w + offset in float32); backward :1350-1425 (weight_offset :1358), :1119-1120")
+
+    def _forward(self, x, residual, weight, bias, eps, params: FusedParams, out: FusedOutputs) -> None:
+        n = x.shape[-1]
+        y, _, rstd = _quack().rmsnorm_fwd(as_quack_takes(x, n), as_quack_takes(weight, n), eps=eps,
+                                          store_rstd=True, weight_offset=float(params.weight_offset))
+        out.y.copy_(y.view(out.y.shape))
+        out.rstd.copy_(rstd.reshape(-1))
+
+    def _backward(self, src, weight, bias, dy, d_residual_out, saved, eps, weight_offset, out: FusedGrads) -> None:
+        self._grads(src, weight, dy, None, saved, weight_offset, out)
