@@ -18,7 +18,7 @@ from harness.judging.fused_inputs import FusedInputs, make_fused_dy, make_fused_
 from harness.judging.guards import GAP, Guarded, GuardFinding, _guard, bits_of
 from harness.judging.runner import CheckResult, device_for
 from harness.judging.shapes import HUGE_ELEMENTS
-from impls.base import NormGrads, NormOutputs
+from impls.base import NormGrads, NormOutputs, UnsupportedCase
 from impls.fused import ADD_OPS, BASE_OP, FusedGrads, FusedOutputs
 from impls.reference import reference, reference_fused, reference_fused_backward
 
@@ -141,11 +141,15 @@ def check_fused(kernel, case, oracle: FusedOracleCache | None = None, keep_outpu
     out, guarded = guarded_fused_outputs(kernel, case, x)
     before = {k: b.clone() for k, b in inputs.buffers.items()}
     params_before = guards.snapshot_inputs(inputs.parameters())
-    with watch.call(kernel, case, spec) if watch is not None else contextlib.nullcontext():
-        kernel(x, residual, inputs.weight, inputs.bias, inputs.eps, weight_offset=case.weight_offset,
-               out_dtype=case.out_torch_dtype, scale=kernel_scale(kernel, case), write=case.write, out=out)
-        if device == "cuda":
-            torch.cuda.synchronize()
+    try:
+        with watch.call(kernel, case, spec) if watch is not None else contextlib.nullcontext():
+            kernel(x, residual, inputs.weight, inputs.bias, inputs.eps, weight_offset=case.weight_offset,
+                   out_dtype=case.out_torch_dtype, scale=kernel_scale(kernel, case), write=case.write, out=out)
+            if device == "cuda":
+                torch.cuda.synchronize()
+    except UnsupportedCase as exc:  # valid input this kernel cannot run (a layout it refuses): its reason
+        result.skipped = str(exc)
+        return result
     if case.out_dtype is not None and case.write != "in_place":
         _pardon_nan_rows(out.y, ref.y)
     result.findings = (guards.inspect(guarded) + buffer_findings(inputs, before, case)
@@ -177,8 +181,12 @@ def check_fused_backward(kernel, case, oracle: FusedOracleCache | None = None, w
     x, residual, weight, bias = inputs.x, inputs.residual, inputs.weight, inputs.bias
     dy, d_res = make_fused_dy(case, device)
     watched = (lambda: watch.call(kernel, case, spec)) if watch is not None else contextlib.nullcontext
-    with watched():
-        saved = kernel(x, residual, weight, bias, inputs.eps, weight_offset=case.weight_offset)
+    try:
+        with watched():
+            saved = kernel(x, residual, weight, bias, inputs.eps, weight_offset=case.weight_offset)
+    except UnsupportedCase as exc:
+        result.skipped = str(exc)
+        return result
     named = [("dx", x.shape, x.dtype, GAP)]
     if residual is not None:
         named.append(("dresidual", residual.shape, residual.dtype, GAP))
