@@ -26,6 +26,11 @@ leaves a report) pytest-benchmark's own JSON document, with a ``normdiff`` secti
 failures, environment, ceiling), is written to ``<report-dir>/benchmark.json`` and rendered by
 ``harness.report.benchmark`` into ``benchmark.md`` and PNG plots.
 
+The fused ops (impls.fused: add_rms_norm, add_layer_norm, rms_norm with an fp8 output, ...) are
+timed in the same session by harness.benchmarks.bench_fused: their shapes join each pass, their
+groups are ``<op>-<write convention, fp8 output, ...>-dtype-MxN`` and each carries the pytest mark
+``fused`` (``pytest --benchmark-only -m fused`` runs only them).
+
 Where each part lives: the sweep in harness.benchmarks.bench_sweep, the session (arena, ceiling, timers, the
 report) in harness.benchmarks.bench_context, one forward benchmark in harness.benchmarks.bench_forward, the backward
 regime in harness.benchmarks.bench_backward; this module holds the options and the parametrisation.
@@ -35,7 +40,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.benchmarks import bench_backward, timing
+from harness.benchmarks import bench_backward, bench_fused, timing
 from harness.running import memory, run
 from harness.benchmarks.bench_context import BenchContext
 from harness.benchmarks.bench_forward import run_forward
@@ -46,6 +51,7 @@ from harness.running.memory_watch import retryable_oom
 from harness.judging.runner import device_for
 from harness.judging.shapes import HEADLINE_DTYPES
 from impls.base import OPS
+from impls.fused import FUSED_OPS
 
 CONTEXT = pytest.StashKey[BenchContext]()
 
@@ -65,6 +71,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", f"{bench_fused.MARK}: a benchmark of a fused op (harness/benchmarks/bench_fused.py)")
     config.stash[CONTEXT] = BenchContext(config)
     config.pluginmanager.register(config.stash[CONTEXT], "normdiff-bench")
 
@@ -73,16 +80,26 @@ def pytest_generate_tests(metafunc):
     if "bench_item" not in metafunc.fixturenames:
         return
     state = metafunc.config.stash[run.STATE]
-    ops = [op for op in OPS if any(k.op == op for k in state.kernels)]
+    kernels = [k for k in state.kernels if getattr(k, "family", "plain") == "plain"]  # the plain norms'
+    ops = [op for op in OPS if any(k.op == op for k in kernels)]
     bench_set = metafunc.config.getoption("bench_set")
     given = metafunc.config.getoption("dtype")
     default = HEADLINE_DTYPES if bench_set == "headline" and state.profile == "full" else tuple(DTYPES)
     dtypes = run.split_names(given, tuple(DTYPES), "dtype") or tuple(DTYPES) if given else default
     repeat = max(1, metafunc.config.getoption("bench_repeat"))
     baseline = metafunc.config.getoption("bench_baseline")
+    plain = items(sweep(state.profile, ops, dtypes, repeat, bench_set), kernels, baseline)
+    # The fused ops' rows (harness.benchmarks.bench_fused): the fused kernels of the selected
+    # backends and ops, run in the same passes as the plain rows (each bandwidth pass, then decode).
+    fused_kernels = bench_fused.selected_kernels(metafunc.config)
+    fused_ops = [op for op in FUSED_OPS if any(k.op == op for k in fused_kernels)]
+    fused = bench_fused.items(bench_fused.sweep(state.profile, fused_ops, dtypes, repeat, bench_set), fused_kernels,
+                              bench_fused.baseline_of(metafunc.config))
+    ordered = sorted(plain + fused, key=lambda it: bench_fused.phase(it.shape, repeat))  # stable: plain first
     params = [
-        pytest.param(it, id=it.id, marks=pytest.mark.benchmark(group=it.shape.group, timer=timing.CLOCK))
-        for it in items(sweep(state.profile, ops, dtypes, repeat, bench_set), state.kernels, baseline)
+        pytest.param(it, id=it.id, marks=[pytest.mark.benchmark(group=it.shape.group, timer=timing.CLOCK)]
+                     + ([getattr(pytest.mark, bench_fused.MARK)] if bench_fused.is_fused_shape(it.shape) else []))
+        for it in ordered
     ]
     metafunc.parametrize("bench_item", params)
 
@@ -104,6 +121,8 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
         if why:
             pytest.skip(why)
     try:
+        if bench_fused.is_fused_shape(item.shape):
+            return bench_fused.run_fused(item, benchmark, ctx)
         if item.shape.regime == "backward":
             return bench_backward.run_backward(item, benchmark, ctx)
         return run_forward(item, benchmark, ctx)

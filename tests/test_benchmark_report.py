@@ -177,8 +177,10 @@ def cpu_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     (tmp / "outside.py").write_text(OUTSIDE)
     # Paths outside the project go with "=": pytest takes a bare path argument as a rootdir candidate.
+    # -m "not fused": the plain norms' rows (the fused ops' have their own, tests/test_bench_fused.py).
     proc = _pytest("--benchmark-only", "--backend", "torch,triton,slowpoke,planted", f"--backend-file={tmp / 'outside.py'}",
-                   "--op", "rms_norm", "--dtype", "float32", "--profile", "quick", f"--report-dir={tmp / 'out'}",
+                   "--op", "rms_norm", "--dtype", "float32", "--profile", "quick", "-m", "not fused",
+                   f"--report-dir={tmp / 'out'}",
                    f"--benchmark-json={tmp / 'raw.json'}", f"--benchmark-storage=file://{tmp / 'storage'}",
                    "--benchmark-save", "first")
     return tmp, proc

@@ -358,9 +358,13 @@ def check_plain_benchmark(ran: Ran) -> None:
             assert why in rows.get(kernel, ""), (kernel, rows.get(kernel))
             assert re.search(rf"^SKIPPED \[\d+\] .*{re.escape(why)}", ran.output, re.M), why
     doc = json_doc(folder, "benchmark.json")
-    pairs = {(b["extra_info"]["op"], b["extra_info"]["dtype"]) for b in doc["benchmarks"]}
+    infos = [b["extra_info"] for b in doc["benchmarks"]]
+    pairs = {(ei["op"], ei["dtype"]) for ei in infos if ei.get("family", "plain") == "plain"}
     assert {f"benchmark-{op}-{dt}.png" for op, dt in pairs} <= {p.name for p in folder.glob("*.png")}
     assert len(pairs) == 6  # both ops, every dtype: a plot each
+    # The fused ops' rows (harness/benchmarks/bench_fused.py): eager torch timed, a plot per call and dtype.
+    fused = {(ei["case"], ei["dtype"]) for ei in infos if ei.get("family") == "fused" and ei["regime"] == "bandwidth"}
+    assert fused and {f"benchmark-{case}-{dt}.png" for case, dt in fused} <= {p.name for p in folder.glob("*.png")}
 
 
 def check_bench_run(backends: set[str], skipped: dict[str, str] = {}) -> Callable[[Ran], None]:  # noqa: B006
@@ -519,6 +523,10 @@ DOC_ONLY: dict[str, Way | NotRun | Elsewhere | InCI] = {
                                                          "in one process: every check skips here"),
     "python -m harness.doctor --backend-file examples/quack_backend.py --backend-file examples/flashinfer_backend.py":
         Way(check_doctor_plugins("quack", "flashinfer")),
+    "pytest --benchmark-only -m fused": Elsewhere(
+        "tests/test_bench_fused.py::test_a_cpu_run_of_the_fused_benchmarks",
+        "the fused benchmarks alone, narrowed to add_rms_norm and rms_norm in bfloat16 with 3 rounds, with an "
+        "in-place-only peer plug-in: eager torch timed, every other kernel skipped with its reason"),
 }
 MINE = "a plug-in file anywhere, run from anywhere: its reports go to the checkout's reports/runs/ unless " \
     "--report-dir says otherwise, so the test runs it with --report-dir into a temporary folder"

@@ -63,10 +63,14 @@ class Arena:
 
     @classmethod
     def layout(cls, s) -> tuple[dict, int]:
-        """{part: (offset, dtype, shape)} and the bytes the shape needs."""
+        """{part: (offset, dtype, shape)} and the bytes the shape needs: a shape's own parts where it
+        names them (``arena_parts``: the fused shapes, harness.benchmarks.bench_fused), else x,
+        weight, bias, y, mean and rstd."""
         dt = DTYPES[s.dtype]
-        parts = (("x", dt, (s.m, s.n)), ("w", dt, (s.n,)), ("b", dt, (s.n,)), ("y", dt, (s.m, s.n)),
-                 ("mean", torch.float32, (s.m,)), ("rstd", torch.float32, (s.m,)))
+        own = getattr(s, "arena_parts", None)
+        parts = own() if own is not None else (
+            ("x", dt, (s.m, s.n)), ("w", dt, (s.n,)), ("b", dt, (s.n,)), ("y", dt, (s.m, s.n)),
+            ("mean", torch.float32, (s.m,)), ("rstd", torch.float32, (s.m,)))
         out, off = {}, 0
         for name, dtype, shape in parts:
             out[name] = (off, dtype, shape)

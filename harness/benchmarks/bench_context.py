@@ -172,7 +172,8 @@ class BenchContext:
         ceilings = {dev: {"gbps": g, "how": how} for dev, (g, how) in self._ceiling.items()}
         return {
             "schema": 1,
-            "environment": run.environment(self.config.stash[run.STATE].kernels),
+            "environment": run.environment(self.config.stash[run.STATE].kernels
+                                           + self.config.stash[run.STATE].fused_kernels),
             "command": run.invocation(self.config),
             "selection": {**sel, "repeat": self.config.getoption("bench_repeat"),
                           "baseline": self.config.getoption("bench_baseline")},

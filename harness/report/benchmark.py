@@ -40,8 +40,8 @@ def write_all(doc: dict, directory: Path, json_name: str | None = "benchmark.jso
     rows = [r for r in results(doc) if r["regime"] == "bandwidth" and r["repeat"] == 0]
     ceiling = ceiling_of(doc, rows)
     plots = {}
-    for op, dt in sorted({(r["op"], r["dtype"]) for r in rows}):
-        sub = [r for r in rows if (r["op"], r["dtype"]) == (op, dt)]
+    for op, dt in sorted({(r["case"], r["dtype"]) for r in rows}):  # a fused row's case: its own plot
+        sub = [r for r in rows if (r["case"], r["dtype"]) == (op, dt)]
         path = directory / plot_name(op, dt)
         tmp = path.with_name(f".{path.name}.tmp.png")
         devices = sorted({r["device"] for r in sub if r["device"]})

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from harness.report import host, targets
-from harness.report.benchmark_results import OP_TITLE, REPEAT_LIMIT, ceiling_of, repeatability, results
+from harness.report.benchmark_results import (OP_TITLE, REPEAT_LIMIT, ceiling_of, fused_rows, repeatability,
+                                              results)
 from harness.report.markdown import table
 
 
@@ -17,10 +18,10 @@ def render_markdown(doc: dict, plots: dict | None = None) -> str:
     rows = results(doc)
     # Without a GPU the times are a smoke run of the suite: shown, never ranked.
     smoke = bool(rows) and all(r["device"] and r["device"].startswith("CPU") for r in rows)
-    by_table = defaultdict(list)  # (regime, op, dtype) -> the first pass's rows
+    by_table = defaultdict(list)  # (regime, case, dtype) -> the first pass's rows (a plain row's case: its op)
     for r in rows:
         if r["repeat"] == 0:
-            by_table[(r["regime"], r["op"], r["dtype"])].append(r)
+            by_table[(r["regime"], r["case"], r["dtype"])].append(r)
 
     lines = render_header(doc, rows) + render_overview(doc, rows, baseline, smoke)
     lines += [] if smoke else targets.render(rows)
@@ -115,12 +116,22 @@ def render_header(doc: dict, rows: list[dict]) -> list[str]:
 def render_overview(doc: dict, rows: list[dict], baseline: str, smoke: bool) -> list[str]:
     """How many benchmarks ran, what the columns mean; a CPU run says it ranks nothing."""
     nd = doc.get("normdiff") or {}
+    fused = fused_rows(rows)
     lines = ["", f"{len(rows)} benchmarks timed, {len(nd.get('skipped', ()))} skipped, "
                  f"{len(nd.get('failed', ()))} failed. GB/s counts x read, y written, weight and bias read "
-                 "and the float32 statistics each kernel writes; % of copy is against the copy ceiling "
+                 "and the float32 statistics each kernel writes"
+                 + ("; the fused ops' rows also count residual read and residual_out written (the add ops; "
+                    "in place moves the same bytes) and an fp8 y at one byte an element" if fused else "")
+                 + "; % of copy is against the copy ceiling "
                  "above (a copy kernel's bandwidth, not the hardware's: a kernel can pass it by a little)"
-                 + ("." if smoke else f"; speedup is against `{baseline}` on the same shape. ★ marks the fastest "
-                    "kernel of each shape."), ""]
+                 + ("." if smoke else f"; speedup is against `{baseline}` on the same shape"
+                    + (f" (the fused ops' rows: against `{fused[0]['baseline']}`)" if fused and fused[0]["baseline"]
+                       else "") + ". ★ marks the fastest kernel of each shape."), ""]
+    if fused:
+        lines += ["The fused ops have tables of their own, one per op and call (write convention, fp8 output and its "
+                  "scale, weight offset, residual dtype): a kernel that does not take a call is skipped at its rows "
+                  "with its reason (*Skipped*). A call that writes its inputs (in place, y into a given buffer) "
+                  "starts every timed call from x and residual restored outside the timed span.", ""]
     if smoke:
         lines += ["> **CPU smoke run.** This exercises the benchmark suite without a GPU; its times are not "
                   "measurements. CPU medians of identical runs moved by up to 40x here (host load, caches, "
@@ -130,9 +141,19 @@ def render_overview(doc: dict, rows: list[dict], baseline: str, smoke: bool) -> 
 
 
 def _tables(by_table: dict, regime: str) -> list[tuple[str, str]]:
-    """The (op, dtype) tables of a regime, RMSNorm first."""
+    """The (case, dtype) tables of a regime: RMSNorm first, then LayerNorm, then the fused ops' cases."""
     keys = [(op, dt) for reg, op, dt in by_table if reg == regime]
-    return sorted(keys, key=lambda k: (list(OP_TITLE).index(k[0]) if k[0] in OP_TITLE else 9, k[1]))
+    return sorted(keys, key=lambda k: (list(OP_TITLE).index(k[0]) if k[0] in OP_TITLE else 9, k[0], k[1]))
+
+
+def _title(t: list[dict], op: str) -> str:
+    """A table's title: the op's (RMSNorm), or a fused case's as its rows name it."""
+    return OP_TITLE.get(op) or next((r["title"] for r in t if r.get("title")), op)
+
+
+def _baseline(t: list[dict], baseline: str) -> str:
+    """The kernel a table's speedups are against: its rows' own (the fused ops'), else the run's."""
+    return next((r["baseline"] for r in t if r.get("baseline")), baseline)
 
 
 def _bandwidth_tables(by_table: dict, regime: str, title: str, baseline: str, plots: dict, smoke: bool) -> list[str]:
@@ -140,13 +161,14 @@ def _bandwidth_tables(by_table: dict, regime: str, title: str, baseline: str, pl
     lines = []
     for op, dt in _tables(by_table, regime):
         t = by_table[(regime, op, dt)]
-        lines += [f"### {OP_TITLE.get(op, op)}{title}, {dt}", ""]
+        base = _baseline(t, baseline)
+        lines += [f"### {_title(t, op)}{title}, {dt}", ""]
         if regime == "bandwidth" and (op, dt) in plots:
             lines += [f"![{op} {dt}: GB/s against N]({plots[(op, dt)]})", ""]
-        lines += _matrix(t, baseline, lambda r: f"{r['pct']:.1f}%" if r["pct"] is not None
+        lines += _matrix(t, base, lambda r: f"{r['pct']:.1f}%" if r["pct"] is not None
                          else f"{r['gbps']:.0f} GB/s", "% of copy", rank=not smoke)
         lines += ["", "<details><summary>median time, GB/s, % of copy, speedup</summary>", ""]
-        lines += _long(t, baseline, rank=not smoke)
+        lines += _long(t, base, rank=not smoke)
         lines += ["", "</details>", ""]
     return lines
 
@@ -164,8 +186,9 @@ def render_decode(by_table: dict, baseline: str, smoke: bool) -> list[str]:
         lines.append("No decode-regime results.")
     for op, dt in _tables(by_table, "decode"):
         t = by_table[("decode", op, dt)]
-        lines += [f"### {OP_TITLE.get(op, op)}, {dt}", ""]
-        lines += _matrix(t, baseline, lambda r: f"{_us(r['median_s'])} µs", "µs per call", rank=not smoke)
+        lines += [f"### {_title(t, op)}, {dt}", ""]
+        lines += _matrix(t, _baseline(t, baseline), lambda r: f"{_us(r['median_s'])} µs", "µs per call",
+                         rank=not smoke)
         odd = sorted({f"{r['kernel']}: {r['timing']}" for r in t if r["timer"] == "events"})
         if odd:
             lines += ["", "Not timed by CUDA-graph replay:", ""] + [f"- {o}" for o in odd]

@@ -56,7 +56,8 @@ def figure(rows: list[dict], op: str, dtype: str, ceiling: float | None, device:
         pct.set_ylabel("% of copy ceiling")
     ax.set_xlabel("N (row length; M x N per point in the report's table)")
     ax.set_ylabel("GB/s (bytes read + written / median time)")
-    ax.set_title(f"{OP_TITLE.get(op, op)} forward, {dtype}, bandwidth regime" + (f" on {device}" if device else ""),
+    title = next((r["title"] for r in rows if r.get("title")), None) or OP_TITLE.get(op, op)
+    ax.set_title(f"{title} forward, {dtype}, bandwidth regime" + (f" on {device}" if device else ""),
                  fontsize=11)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.09 if ceiling else 1.01, 1.0), fontsize=9, frameon=False)

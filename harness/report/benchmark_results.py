@@ -16,7 +16,13 @@ def results(doc: dict) -> list[dict]:
             continue  # not a normdiff benchmark
         median = b["stats"]["median"]
         gbps = ei["bytes"] / median / 1e9
+        fused = ei.get("family") == "fused"
         rows.append({
+            # The fused ops' rows (harness/benchmarks/bench_fused.py) are their own tables and
+            # targets: ``case`` is the op with the call's choices (write convention, fp8 output, ...),
+            # the op itself for a plain row; ``baseline`` the kernel their speedups are against.
+            "family": "fused" if fused else "plain", "case": ei.get("case") or ei["op"],
+            "title": ei.get("case_title") or OP_TITLE.get(ei["op"], ei["op"]), "baseline": ei.get("baseline"),
             "op": ei["op"], "dtype": ei["dtype"], "m": ei["m"], "n": ei["n"], "regime": ei["regime"],
             "repeat": ei.get("repeat", 0), "kernel": ei["kernel"], "group": b.get("group"),
             "median_s": median, "rounds": b["stats"].get("rounds"), "bytes": ei["bytes"], "gbps": gbps,
@@ -27,11 +33,20 @@ def results(doc: dict) -> list[dict]:
             "call_error": ei.get("user_call_error"), "paired": ei.get("host_paired_us"),
             "paired_rounds": ei.get("host_paired_rounds_us"), "paired_left_out": ei.get("host_paired_left_out"),
         })
-    base = {(r["group"], r["repeat"]): r["median_s"] for r in rows if r["kernel"] == baseline_name}
+    base = {(r["group"], r["repeat"]): r["median_s"] for r in rows if r["kernel"] == (r["baseline"] or baseline_name)}
     for r in rows:
         ref = base.get((r["group"], r["repeat"]))
         r["speedup"] = ref / r["median_s"] if ref else None
     return rows
+
+
+def plain_rows(rows: list[dict]) -> list[dict]:
+    """The plain norms' rows (a row without a family is one: documents from before the fused ops)."""
+    return [r for r in rows if r.get("family", "plain") == "plain"]
+
+
+def fused_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("family") == "fused"]
 
 
 def ceiling_of(doc: dict, rows: list[dict]) -> float | None:

@@ -30,7 +30,9 @@ PASSED_ERROR_KEYS = ("output", "worst_ratio", "max_ulp")
 # What a benchmark keeps: harness.report.benchmark_results.results reads these.
 BENCH_EXTRA_KEYS = ("op", "dtype", "m", "n", "regime", "repeat", "kernel", "bytes", "ceiling_gbps", "timing",
                     "timer", "device", "project", "prepare_s", "entry_point", "host_call_us", "wall_call_us",
-                    "user_call", "user_call_error", "direction", "host_paired_us", "host_paired_rounds_us", "host_paired_left_out")
+                    "user_call", "user_call_error", "direction", "host_paired_us", "host_paired_rounds_us", "host_paired_left_out",
+                    # the fused ops' rows (harness/benchmarks/bench_fused.py)
+                    "family", "case", "case_title", "baseline")
 BENCH_STATS_KEYS = ("median", "rounds")
 BENCH_TOP_KEYS = ("datetime", "version", "normdiff")
 NOTE = "slimmed by harness/report/publish.py: fields the reports do not read were dropped"
@@ -60,7 +62,7 @@ def slim_benchmark(doc: dict) -> dict:
 def benchmark_markdown(doc: dict) -> str:
     """benchmark.md as ``write_all`` renders it, plot links included."""
     rows = [r for r in benchmark.results(doc) if r["regime"] == "bandwidth" and r["repeat"] == 0]
-    return benchmark.render_markdown(doc, {(r["op"], r["dtype"]): benchmark.plot_name(r["op"], r["dtype"]) for r in rows})
+    return benchmark.render_markdown(doc, {(r["case"], r["dtype"]): benchmark.plot_name(r["case"], r["dtype"]) for r in rows})
 
 
 KINDS = {"correctness": (slim_correctness, correctness_markdown), "benchmark": (slim_benchmark, benchmark_markdown)}

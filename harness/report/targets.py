@@ -11,6 +11,10 @@ Bandwidth regime (first pass, % of the same run's copy ceiling), at M x N >= 2^2
 Decode regime: each project backend at least as fast as the best peer.
 Backward regime (bfloat16, N in BACKWARD_TARGET_N): the project's best backward >= 85% of copy and
 at least as fast as the backward of every peer that ran.
+Fused ops (rows of ``family`` "fused", one target per case: op, write convention, fp8 output, ...):
+at the bandwidth shapes (M x N >= 2^26) the best project fused kernel >= FUSED_TARGET_PCT of copy
+and at least as fast as the best peer; at decode shapes the best project fused kernel at least as
+fast as the best peer.
 
 "At least as fast" is: median <= the peer's median x (1 + t), t the margin of the two kernels
 compared (``margin``): the larger of their spreads between the benchmark's passes (the largest
@@ -23,7 +27,7 @@ other kernel that ran is a peer: no backend is named here.
 """
 from __future__ import annotations
 
-from harness.report.benchmark_results import repeatability
+from harness.report.benchmark_results import fused_rows, plain_rows, repeatability
 from harness.judging.shapes import (BACKWARD_TARGET_N, BANDWIDTH_ELEMENTS, TARGET_LONG_N, TARGET_MID_N,
                             TARGET_SHORT_MIN_M, TARGET_SHORT_N)
 
@@ -42,6 +46,7 @@ def thresholds(op: str, m: int, n: int) -> tuple[float, float] | None:
 
 
 BACKWARD_TARGET_PCT = 85.0
+FUSED_TARGET_PCT = 95.0  # the best project fused kernel at the bandwidth shapes
 MARGIN_CAP = 0.02  # the most the spread between passes may excuse
 
 
@@ -76,10 +81,20 @@ def project_backends(rows: list[dict]) -> list[str]:
 
 
 def _by_shape(rows: list[dict], regime: str) -> dict[tuple, list[dict]]:
+    """The plain norms' first-pass rows of a regime by (op, dtype, M, N)."""
     shapes: dict[tuple, list[dict]] = {}
-    for r in rows:
+    for r in plain_rows(rows):
         if r["regime"] == regime and r["repeat"] == 0:
             shapes.setdefault((r["op"], r["dtype"], r["m"], r["n"]), []).append(r)
+    return shapes
+
+
+def _by_case(rows: list[dict], regime: str) -> dict[tuple, list[dict]]:
+    """The fused ops' first-pass rows of a regime by (op, case, dtype, M, N)."""
+    shapes: dict[tuple, list[dict]] = {}
+    for r in fused_rows(rows):
+        if r["regime"] == regime and r["repeat"] == 0:
+            shapes.setdefault((r["op"], r["case"], r["dtype"], r["m"], r["n"]), []).append(r)
     return shapes
 
 
@@ -96,7 +111,7 @@ def bandwidth(rows: list[dict]) -> list[dict]:
             continue
         best_target, each_target = limits
         project = {b: _best([r for r in rs if r.get("project") and _backend(r["kernel"]) == b], lambda r: r["pct"], max)
-                   for b in project_backends(rows)}
+                   for b in project_backends(plain_rows(rows))}
         project = {b: r for b, r in project.items() if r}
         peer = _best([r for r in rs if not r.get("project")], lambda r: r["pct"], max)
         gaps, ts = [], {}
@@ -122,7 +137,7 @@ def decode(rows: list[dict]) -> list[dict]:
     out, spreads = [], pass_spreads(rows)
     for (op, dtype, m, n), rs in sorted(_by_shape(rows, "decode").items(), key=lambda kv: (kv[0][:2], kv[0][3], kv[0][2])):
         project = {b: _best([r for r in rs if r.get("project") and _backend(r["kernel"]) == b], lambda r: r["median_s"], min)
-                   for b in project_backends(rows)}
+                   for b in project_backends(plain_rows(rows))}
         project = {b: r for b, r in project.items() if r}
         peer = _best([r for r in rs if not r.get("project")], lambda r: r["median_s"], min)
         if not project or not peer:
@@ -159,6 +174,74 @@ def backward(rows: list[dict]) -> list[dict]:
         out.append({"op": op, "dtype": dtype, "m": m, "n": n, "best": best and (best["kernel"], best["pct"]),
                     "peers": [(r["kernel"], r["pct"]) for r in peers], "t": ts, "gaps": gaps})
     return out
+
+
+def fused(rows: list[dict]) -> list[dict]:
+    """Per fused case and shape, first pass: at the bandwidth shapes the best project fused kernel
+    (the fastest) >= FUSED_TARGET_PCT of copy, and at the bandwidth and decode shapes at least as fast
+    as the best peer that ran (margin t). A decode shape where no project kernel or no peer ran
+    is not judged; a bandwidth shape without a project kernel is a gap. Each project backend's
+    fastest kernel is shown beside, not judged."""
+    out, spreads = [], pass_spreads(rows)
+    for regime in ("bandwidth", "decode"):
+        for (op, case, dtype, m, n), rs in sorted(_by_case(rows, regime).items()):
+            judged = regime == "decode" or m * n >= BANDWIDTH_ELEMENTS
+            mine = [r for r in rs if r.get("project")]
+            peers = [r for r in rs if not r.get("project")]
+            if not judged or (regime == "decode" and (not mine or not peers)):
+                continue
+            best = _best(mine, lambda r: r["median_s"], min)
+            peer = _best(peers, lambda r: r["median_s"], min)
+            backends = {b: _best([r for r in mine if _backend(r["kernel"]) == b], lambda r: r["median_s"], min)
+                        for b in sorted({_backend(r["kernel"]) for r in mine})}
+            gaps, t = [], None
+            if best is None:
+                gaps.append("no project fused kernel ran")
+            else:
+                if regime == "bandwidth" and (best["pct"] is None or best["pct"] < FUSED_TARGET_PCT):
+                    gaps.append(f"best {best['pct'] or 0:.1f}% < {FUSED_TARGET_PCT:.0f}%")
+                if peer:
+                    t = margin(spreads, best["kernel"], peer["kernel"])
+                    if not as_fast(best, peer, t):
+                        gaps.append(f"{best['kernel']} {_figure(best, regime)} > {peer['kernel']} "
+                                    f"{_figure(peer, regime)} ({t_text(t)})" if regime == "decode" else
+                                    f"{best['kernel']} {_figure(best, regime)} < {peer['kernel']} "
+                                    f"{_figure(peer, regime)} ({t_text(t)})")
+            out.append({"regime": regime, "op": op, "case": case, "title": rs[0].get("title") or case,
+                        "dtype": dtype, "m": m, "n": n, "best": best and (best["kernel"], _figure(best, regime)),
+                        "backends": {b: (r["kernel"], _figure(r, regime)) for b, r in backends.items()},
+                        "peer": peer and (peer["kernel"], _figure(peer, regime)), "t": t, "gaps": gaps})
+    return out
+
+
+def _figure(r: dict, regime: str) -> str:
+    """A row's figure in a fused target: % of copy (bandwidth), µs per call (decode)."""
+    if regime == "decode" or r["pct"] is None:
+        return f"{r['median_s'] * 1e6:.2f} µs"
+    return f"{r['pct']:.1f}%"
+
+
+def _render_fused(fz: list[dict]) -> list[str]:
+    bw = [t for t in fz if t["regime"] == "bandwidth"]
+    dc = [t for t in fz if t["regime"] == "decode"]
+    met = lambda ts: sum(not t["gaps"] for t in ts)  # noqa: E731
+    lines = ["### Fused ops", "",
+             f"Bandwidth shapes: **{met(bw)} of {len(bw)}** meet every target (the best project fused kernel "
+             f">= {FUSED_TARGET_PCT:.0f}% of copy and at least as fast as the best peer); decode: **{met(dc)} of "
+             f"{len(dc)}** with the best project fused kernel at least as fast as the best peer. One target per op "
+             "and call (write convention, fp8 output, ...): kernels are compared only on the same call. Each "
+             "project backend's fastest kernel is shown, not judged.", ""]
+    ours = sorted({b for t in fz for b in t["backends"]})
+    lines += ["| regime | case | dtype | M x N | best project kernel | " + " | ".join(ours) + " | best peer | t | gaps |",
+              "|---|---|---|---|---|" + "---|" * len(ours) + "---|---|---|"]
+    for t in fz:
+        cells = [f"{t['backends'][b][1]} {t['backends'][b][0]}" if b in t["backends"] else "-" for b in ours]
+        best = f"{t['best'][1]} {t['best'][0]}" if t["best"] else "-"
+        peer = f"{t['peer'][1]} {t['peer'][0]}" if t["peer"] else "-"
+        margin_cell = "-" if t["t"] is None else f"{100 * t['t']:.2f}%"
+        lines.append(f"| {t['regime']} | {t['case']} | {t['dtype']} | {t['m']} x {t['n']} | {best} | " + " | ".join(cells)
+                     + f" | {peer} | {margin_cell} | {'; '.join(t['gaps']) or 'met'} |")
+    return lines + [""]
 
 
 def _ts(ts: dict) -> str:
@@ -219,11 +302,14 @@ def _render_backward(bk: list[dict]) -> list[str]:
 
 
 def render(rows: list[dict]) -> list[str]:
-    bw, dc, bk = bandwidth(rows), decode(rows), backward(rows)
-    if not bw and not dc and not bk:
+    bw, dc, bk, fz = bandwidth(rows), decode(rows), backward(rows), fused(rows)
+    if not bw and not dc and not bk and not fz:
         return []
     met_bw, met_dc = sum(not t["gaps"] for t in bw), sum(not t["gaps"] for t in dc)
-    ours = project_backends(rows)
+    ours = project_backends(plain_rows(rows))
+    if not bw and not dc and not bk:  # only the fused ops ran
+        return ["## Speed targets", "", "*At least as fast*: median <= the peer's median x (1 + t); "
+                f"{margin_text(rows)}.", ""] + _render_fused(fz)
     lines = ["## Speed targets", "",
              f"Bandwidth regime: **{met_bw} of {len(bw)} shapes meet every target**; decode regime: "
              f"**{met_dc} of {len(dc)}**. The targets (project backends: {', '.join(ours) or 'none'}; "
@@ -239,4 +325,6 @@ def render(rows: list[dict]) -> list[str]:
         lines += _render_backward(bk)
     if dc:
         lines += _render_decode(dc, ours)
+    if fz:
+        lines += _render_fused(fz)
     return lines
