@@ -431,6 +431,12 @@ class _FlashInferAddInPlace(_FlashInferFused):
         _take_rows(x.shape[-1], x.dtype, {}, {"x": x, "residual": residual})  # both written in place
         getattr(_norm(), self.entry)(x, residual, self._weight(weight), eps)
 
+    def bench_fused_callable(self, x, residual, weight, bias, eps, params, out):
+        """The library's call alone (the benchmark's rows fit its layout, checked once here)."""
+        _take_rows(x.shape[-1], x.dtype, {}, {"x": x, "residual": residual})
+        fn, w = getattr(_norm(), self.entry), self._weight(weight)
+        return lambda: fn(x, residual, w, eps)
+
 
 @register
 class FlashInferFusedAddRMSNorm(_FlashInferAddInPlace):
@@ -475,6 +481,12 @@ class FlashInferFusedAddRMSNormQuant(_FlashInferFp8):
                                         _scale_tensor(float(params.scale), str(x.device)), eps)
         _into(out.y, y)
 
+    def bench_fused_callable(self, x, residual, weight, bias, eps, params, out):
+        """The library's call alone, its scale tensor made once (a model keeps it on the device)."""
+        read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {"residual": residual}, out.y)
+        fn, w, scale = _norm().fused_add_rmsnorm_quant, self._weight(weight), _scale_tensor(float(params.scale), str(x.device))
+        return lambda: fn(y, read["x"], residual, w, scale, eps)
+
 
 @register
 class FlashInferGemmaRMSNorm(_FlashInferFused):
@@ -491,6 +503,11 @@ class FlashInferGemmaRMSNorm(_FlashInferFused):
         read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
         _norm().gemma_rmsnorm(read["x"], self._weight(weight), eps, out=y)
         _into(out.y, y)
+
+    def bench_fused_callable(self, x, residual, weight, bias, eps, params, out):
+        read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
+        fn, w = _norm().gemma_rmsnorm, self._weight(weight)
+        return lambda: fn(read["x"], w, eps, out=y)
 
 
 @register
@@ -509,6 +526,12 @@ class FlashInferRMSNormQuant(_FlashInferFp8):
         _norm().rmsnorm_quant(y, read["x"], self._weight(weight), _scale_tensor(float(params.scale), str(x.device)),
                               eps)
         _into(out.y, y)
+
+    def bench_fused_callable(self, x, residual, weight, bias, eps, params, out):
+        """The library's call alone, its scale tensor made once (a model keeps it on the device)."""
+        read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
+        fn, w, scale = _norm().rmsnorm_quant, self._weight(weight), _scale_tensor(float(params.scale), str(x.device))
+        return lambda: fn(y, read["x"], w, scale, eps)
 
 
 @register

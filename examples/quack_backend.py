@@ -564,6 +564,13 @@ class QuackAddRMSNorm(_QuackFused):
         out.residual_out.copy_(r_out.view(out.residual_out.shape))
         out.rstd.copy_(rstd.reshape(-1))
 
+    def bench_fused_callable(self, x, residual, weight, bias, eps, params, out):
+        """rmsnorm_fwd as a user calls it (it allocates its outputs), without the copies into ``out``."""
+        n, fn = x.shape[-1], _quack().rmsnorm_fwd
+        args = (as_quack_takes(x, n), as_quack_takes(weight, n))
+        r, offset = as_quack_takes(residual, n), float(params.weight_offset)
+        return lambda: fn(*args, residual=r, eps=eps, store_rstd=True, weight_offset=offset)
+
     def _backward(self, src, weight, bias, dy, d_residual_out, saved, eps, weight_offset, out: FusedGrads) -> None:
         self._grads(src, weight, dy, d_residual_out, saved, weight_offset, out)
 
@@ -586,6 +593,11 @@ class QuackRMSNormOffset(_QuackFused):
                                           store_rstd=True, weight_offset=float(params.weight_offset))
         out.y.copy_(y.view(out.y.shape))
         out.rstd.copy_(rstd.reshape(-1))
+
+    def bench_fused_callable(self, x, residual, weight, bias, eps, params, out):
+        n, fn = x.shape[-1], _quack().rmsnorm_fwd
+        args, offset = (as_quack_takes(x, n), as_quack_takes(weight, n)), float(params.weight_offset)
+        return lambda: fn(*args, eps=eps, store_rstd=True, weight_offset=offset)
 
     def _backward(self, src, weight, bias, dy, d_residual_out, saved, eps, weight_offset, out: FusedGrads) -> None:
         self._grads(src, weight, dy, None, saved, weight_offset, out)
