@@ -22,7 +22,7 @@ if not _launch.cuda_present() and "triton" not in sys.modules:
 # Importing the modules registers their kernels. The dispatch functions below then take over
 # the package attributes rms_norm and layer_norm; the modules stay importable by full name
 # (from impls.triton.rms_norm import ...).
-from impls.triton import dispatch, layer_norm, rms_norm  # noqa: E402,F401
+from impls.triton import dispatch, fused, layer_norm, rms_norm  # noqa: E402,F401
 from impls.triton._launch import choose_variant  # noqa: E402
 
 __all__ = ["availability", "note", "choose_variant", "rms_norm", "layer_norm", "use_interpreter"]
