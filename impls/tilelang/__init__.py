@@ -12,7 +12,7 @@ generated CUDA source (``--ptxas`` adds registers, shared memory and spills).
 """
 from __future__ import annotations
 
-from impls.tilelang import layer_norm, long_rows, rms_norm  # noqa: F401  (importing registers the kernels)
+from impls.tilelang import fused, layer_norm, long_rows, rms_norm  # noqa: F401  (importing registers the kernels)
 from impls.tilelang.compiler import availability  # noqa: F401
 
 VARIANTS = ("naive_row_per_block", "fragment", "splitk", "layer_norm_fwd", "cluster", "layer_norm_cluster")
