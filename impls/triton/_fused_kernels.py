@@ -101,20 +101,16 @@ def fused_norm_rowwise(
     if HAS_RES:
         _store_y(RO, rooff[:, None] + cols[None, :], s, mask, ROUND_R)
     if IS_LN:
-        # Two-pass, corrected: centred on the mean, then on what the centred row still sums to (c,
-        # the mean's rounding), its sum of squares taken beside c (var = E[xc^2] - c^2, c tiny).
-        # A row of one value then gives x^ = 0 up to c's own rounding: the mean of N equal values
-        # need not be exact on the GPU, and its error would come back times 1/sqrt(eps) in y.
+        # Two-pass, corrected: centred on the mean, then on what the centred row still sums to
+        # (the mean's rounding). A row of one value then gives x^ = 0 up to that rounding's own
+        # rounding: the mean of N equal values need not be exact on the GPU, and its error would
+        # come back times rstd = 1/sqrt(eps) in y.
         mean = tl.sum(s, axis=1) / N
         s = tl.where(mask, s - mean[:, None], 0.0)  # padding 0
         c = tl.sum(s, axis=1) / N
-        var = tl.sum(s * s, axis=1) / N - c * c
-        var = tl.where(var < 0.0, 0.0, var)  # rounding below zero; tl.where keeps a NaN
         s = tl.where(mask, s - c[:, None], 0.0)
         tl.store(MEAN + rows, mean + c, mask=rmask)
-    else:
-        var = tl.sum(s * s, axis=1) / N
-    rstd = tl.rsqrt(var + eps)
+    rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
     if not STATS_ONLY:
         y = _affine(s * rstd[:, None], W, B, cols, cmask, w_offset, HAS_WEIGHT, HAS_BIAS)
         _store_out(Y, yoff[:, None] + cols[None, :], y, mask, scale, fp8_max, FP8, ROUND_Y, FP8_FIX, MBITS, EMIN)
