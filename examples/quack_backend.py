@@ -541,6 +541,22 @@ class _QuackFused(FusedNormKernel):
             out.dw.copy_(dw)
 
 
+# The residual backward on 16-bit rows (found on the H100, 2026-12-06, reports/h100/2026-12-06/fused-f904bec):
+# RMSNormFunction saves residual_out rounded to 16 bits and the forward's rstd, taken on the float32
+# sum (rmsnorm.py:1635-1663); rmsnorm_bwd (:1350-1425) then normalises the rounded residual_out with
+# that rstd, so x^ = round(s) * rstd(s) is not unit-RMS and dx and dw err by a few 16-bit ulps on
+# a few rows in a thousand. The cases it failed there, each declared (strictly: a fix must undeclare it).
+RESIDUAL_BWD_16BIT = ("quack 0.6.5's residual backward normalises residual_out rounded to 16 bits with the rstd of "
+                      "the float32 sum (rmsnorm.py:1350-1425, :1635-1663): dx and dw off by up to 19x the allowance")
+RESIDUAL_BWD_16BIT_CASES = frozenset(
+    f"add_rms_norm-{dt}-{shape}-normal{w}-dynormal"
+    for dt, shape, w in (
+        ("bfloat16", "64x8192", ""), ("bfloat16", "129x4096", "-w1"), ("float16", "129x4096", "-w1"),
+        ("float16", "64x4096", ""), ("bfloat16", "64x4096", ""), ("float16", "64x8192", ""),
+        ("float16", "64x1000", ""), ("float16", "129x1000", "-w1"), ("bfloat16", "64x1000", ""),
+        ("bfloat16", "129x1000", "-w1")))
+
+
 @register
 class QuackAddRMSNorm(_QuackFused):
     op = "add_rms_norm"
@@ -573,6 +589,11 @@ class QuackAddRMSNorm(_QuackFused):
 
     def _backward(self, src, weight, bias, dy, d_residual_out, saved, eps, weight_offset, out: FusedGrads) -> None:
         self._grads(src, weight, dy, d_residual_out, saved, weight_offset, out)
+
+    def known_issue(self, case_id: str, device: str) -> str | None:
+        if device == "cuda" and case_id in RESIDUAL_BWD_16BIT_CASES:
+            return RESIDUAL_BWD_16BIT
+        return super().known_issue(case_id, device)
 
 
 @register
