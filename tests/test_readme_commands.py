@@ -247,8 +247,10 @@ def check_quick_start(ran: Ran) -> None:
     from harness.judging.cases import catalogue
 
     assert doc["selection"]["profile"] == "quick"  # the default without a GPU
-    assert {r["kernel"] for r in doc["records"]} == {"torch.eager"}
-    forward = {c.id for c in catalogue("quick")}
+    assert {r["kernel"] for r in doc["records"]} == {"torch.eager", "torch.fused"}  # the plain and the fused family
+    from harness.judging.fused_cases import fused_catalogue
+
+    forward = {c.id for c in catalogue("quick") + fused_catalogue("quick")}
     assert forward <= {r.get("case") for r in doc["records"]}  # every case of the profile
     md = (folder / "correctness.md").read_text()
     heads = ["# normdiff correctness report", "| commit |", "| command |", "## Backends", "## Summary",
