@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -253,11 +253,8 @@ def catalogue(profile: str = "quick", rows: tuple[Rows, ...] = FORWARD_ROWS) -> 
         raise ValueError(f"unknown profile {profile!r}; expected quick or full")
     seen: dict[str, Case] = {}
     for case in (c for row in rows if profile in row.profiles for c in row.cases()):
-        if case.id in seen:
-            old = seen[case.id]
-            seen[case.id] = Case(**{**old.__dict__, "tags": tuple(dict.fromkeys(old.tags + case.tags))})
-        else:
-            seen[case.id] = case
+        old = seen.get(case.id)
+        seen[case.id] = case if old is None else replace(old, tags=tuple(dict.fromkeys(old.tags + case.tags)))
     return list(seen.values())
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
-from harness.judging.cases import AFFINE_ID, ALL, BF16, BOTH, DTYPES, F32, F32_BF16, FULL, QUICK, Case, grid
+from harness.judging.cases import AFFINE_ID, ALL, BF16, BOTH, DTYPES, F32, F32_BF16, FULL, QUICK, Case, catalogue, grid
 from impls.fused import ADD_OPS, BASE_OP, FusedSpec
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -220,14 +220,8 @@ FUSED_BACKWARD_ROWS = (
 
 
 def fused_catalogue(profile: str = "quick", rows: tuple[FusedRows, ...] = FUSED_ROWS) -> list[FusedCase]:
-    """The profile's cases, without duplicates (a case of several rows carries every row's tags)."""
-    if profile not in ("quick", "full"):
-        raise ValueError(f"unknown profile {profile!r}; expected quick or full")
-    seen: dict[str, FusedCase] = {}
-    for case in (c for row in rows if profile in row.profiles for c in row.cases()):
-        old = seen.get(case.id)
-        seen[case.id] = case if old is None else replace(old, tags=tuple(dict.fromkeys(old.tags + case.tags)))
-    return list(seen.values())
+    """The profile's fused cases, without duplicates (harness.judging.cases.catalogue on these rows)."""
+    return catalogue(profile, rows)
 
 
 def fused_backward_catalogue(profile: str = "quick") -> list[FusedCase]:
