@@ -541,11 +541,10 @@ class _QuackFused(FusedNormKernel):
             out.dw.copy_(dw)
 
 
-# The residual backward on 16-bit rows (found on the H100, 2026-12-06, reports/h100/2026-12-06/fused-f904bec):
-# RMSNormFunction saves residual_out rounded to 16 bits and the forward's rstd, taken on the float32
+# The residual backward on 16-bit rows (docs/checks.md, *Found by it*): RMSNormFunction saves residual_out rounded to 16 bits and the forward's rstd, taken on the float32
 # sum (rmsnorm.py:1635-1663); rmsnorm_bwd (:1350-1425) then normalises the rounded residual_out with
 # that rstd, so x^ = round(s) * rstd(s) is not unit-RMS and dx and dw err by a few 16-bit ulps on
-# a few rows in a thousand. The cases it failed there, each declared (strictly: a fix must undeclare it).
+# a few rows in a thousand. The cases that failed, each declared (strictly: a fix must undeclare it).
 RESIDUAL_BWD_16BIT = ("quack 0.6.5's residual backward normalises residual_out rounded to 16 bits with the rstd of "
                       "the float32 sum (rmsnorm.py:1350-1425, :1635-1663): dx and dw off by up to 19x the allowance")
 RESIDUAL_BWD_16BIT_CASES = frozenset(

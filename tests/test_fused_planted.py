@@ -136,3 +136,20 @@ def test_planted_fused_bug_is_caught(planted, case_id):
 def test_every_planted_case_runs_in_ci():
     quick = {c.id for c in fused_catalogue("quick") + fused_backward_catalogue("quick")}
     assert {c for _, c in PLANTED} <= quick
+
+
+class WritesX(TorchAddRMSNorm):
+    """New outputs declared, x zeroed after the call."""
+    variant = "writes_x"
+
+    def _forward(self, x, residual, weight, bias, eps, params, out):
+        super()._forward(x, residual, weight, bias, eps, params, out)
+        x.zero_()
+
+
+def test_a_write_into_x_is_found_and_the_next_kernel_gets_fresh_inputs():
+    from harness.judging.fused_runner import FusedOracleCache
+
+    case, cache = fused_case_from_id("add_rms_norm-bfloat16-17x1000-normal"), FusedOracleCache()
+    assert [f.kind for f in check_fused(WritesX(), case, cache).findings] == ["input modified"]
+    assert check_fused(TorchAddRMSNorm(), case, cache).ok

@@ -20,6 +20,7 @@ import math
 import torch
 
 from harness.judging.compare import Y_FLOOR, ErrorStats, compare, compare_outputs, row_scale
+from impls.base import NormOutputs
 from impls.fused import fp8_max
 
 # Near a midpoint (within this fraction of the gap between its two fp8 neighbours) either
@@ -99,7 +100,7 @@ def compare_fused(kernel, case, got, ref, src: torch.Tensor, weight, stat_dtype:
     w_eff = None if weight is None else weight.double() + case.weight_offset
     out_fmt = case.out_torch_dtype
     y_for_plain = ref.y if out_fmt is not None else got.y  # an fp8 y is judged on its own below
-    errors = compare_outputs(base, _Plain(y_for_plain, got.mean, got.rstd), _Plain(ref.y, ref.mean, ref.rstd),
+    errors = compare_outputs(base, NormOutputs(y_for_plain, got.mean, got.rstd), NormOutputs(ref.y, ref.mean, ref.rstd),
                              case.torch_dtype, stat_dtype, w_eff)
     if out_fmt is not None:
         floor = Y_FLOOR[torch.float32] * row_scale(base, ref.mean, ref.rstd, w_eff)
@@ -108,9 +109,3 @@ def compare_fused(kernel, case, got, ref, src: torch.Tensor, weight, stat_dtype:
         errors.append(residual_out_stats(got.residual_out, ref.residual_out, got.residual_out.dtype))
     return errors
 
-
-class _Plain:
-    """y, mean and rstd under the names compare_outputs reads."""
-
-    def __init__(self, y, mean, rstd):
-        self.y, self.mean, self.rstd = y, mean, rstd

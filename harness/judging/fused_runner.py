@@ -136,7 +136,9 @@ def check_fused(kernel, case, oracle: FusedOracleCache | None = None, keep_outpu
         return result
     oracle = oracle or FusedOracleCache()
     pristine, ref, src = oracle.get(case, device, kernel)
-    inputs = pristine.fresh()  # every call on its own copy: a kernel that writes x must not change the next one's
+    # A call that writes its inputs gets its own copy; a call that may not write them gets the case's,
+    # dropped below if it was written anyway (the next kernel then draws fresh inputs).
+    inputs = pristine if case.write == "new" else pristine.fresh()
     x, residual = inputs.x, inputs.residual
     out, guarded = guarded_fused_outputs(kernel, case, x)
     before = {k: b.clone() for k, b in inputs.buffers.items()}
@@ -154,6 +156,8 @@ def check_fused(kernel, case, oracle: FusedOracleCache | None = None, keep_outpu
         _pardon_nan_rows(out.y, ref.y)
     result.findings = (guards.inspect(guarded) + buffer_findings(inputs, before, case)
                        + guards.inputs_modified(params_before, inputs.parameters()))
+    if any(f.kind in ("input modified", "out-of-bounds write") for f in result.findings) and inputs is pristine:
+        oracle.forget()
     got = FusedOutputs(y=x if case.write == "in_place" else out.y,
                        residual_out=residual if case.write != "new" else out.residual_out,
                        mean=out.mean, rstd=out.rstd)
@@ -177,7 +181,7 @@ def check_fused_backward(kernel, case, oracle: FusedOracleCache | None = None, w
         return result
     oracle = oracle or FusedOracleCache()
     pristine, _, _ = oracle.get(case, device, kernel)
-    inputs = pristine.fresh()
+    inputs = pristine.fresh()  # its own copy: the forward it runs first is not under the guards
     x, residual, weight, bias = inputs.x, inputs.residual, inputs.weight, inputs.bias
     dy, d_res = make_fused_dy(case, device)
     watched = (lambda: watch.call(kernel, case, spec)) if watch is not None else contextlib.nullcontext
