@@ -77,7 +77,10 @@ def _project_paths(config, parser, args) -> None:
     """Resolve test paths named relative to the project that do not exist here; with none given
     (outside the project's directory), the checks or the benchmarks."""
     here = Path(config.invocation_params.dir)
-    marked = [f"{a}\0{i}" if _project_path(here, a) else a for i, a in enumerate(args)]
+    # Only what pytest takes for a test path is probed: an option's value (-k, --backend) may be
+    # any text, however long.
+    positional = set(parser.parse_known_args(args, namespace=copy.copy(config.option)).file_or_dir)
+    marked = [f"{a}\0{i}" if a in positional and _project_path(here, a) else a for i, a in enumerate(args)]
     ns = parser.parse_known_args(marked, namespace=copy.copy(config.option))
     for given in ns.file_or_dir:
         if "\0" in given and not ns.pyargs:
@@ -88,7 +91,15 @@ def _project_paths(config, parser, args) -> None:
 
 
 def _project_path(here: Path, arg: str) -> bool:
+    """Whether ``arg`` names a path of the project that does not exist here. Text the system
+    cannot take for a path (too long, a component over the file-name limit) is not one: pytest's
+    own parsing then says what it is."""
     path = arg.split("::", 1)[0]
-    if arg.startswith("-") or not path or Path(path).is_absolute() or (here / path).exists():
+    if arg.startswith("-") or not path:
         return False
-    return Path(path).parts[0] in PROJECT_DIRS and (ROOT / path).exists()
+    try:
+        if Path(path).is_absolute() or (here / path).exists():
+            return False
+        return Path(path).parts[0] in PROJECT_DIRS and (ROOT / path).exists()
+    except (OSError, ValueError):
+        return False

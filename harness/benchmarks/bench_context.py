@@ -24,7 +24,7 @@ WARMUP = {"bandwidth": 5, "decode": 5}
 CPU_ROUNDS, CPU_WARMUP = 15, 2
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: pytest keeps the plugin objects it has seen in a set
 class BenchContext:
     config: pytest.Config
     items: dict[str, BenchItem] = field(default_factory=dict)  # nodeid -> item
