@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import os
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from harness.judging import properties
+from harness.judging import fused_properties, known_issues, properties
 from harness.running import attribution, isolation, memory_watch, scheduling, workers
 from harness.judging.cases import DTYPES, Case, backward_catalogue, catalogue
-from harness.judging.fused_cases import fused_backward_catalogue, fused_catalogue
+from harness.judging.fused_cases import fused_backward_catalogue, fused_catalogue, with_writes
 from harness.running.controller import Controller
 from harness.running.progress import Progress
 from harness.running.run import STATE, backend_status, is_benchmark_run, split_names
@@ -27,7 +28,7 @@ from harness.report.failure import summary_line
 from harness.running.state import HarnessState
 from impls import registry
 from impls.base import OPS, NormKernel
-from impls.fused import ADD_OPS
+from impls.fused import ADD_OPS, WRITES
 
 
 def pytest_addoption(parser):
@@ -101,8 +102,8 @@ def pytest_configure(config):
     fused_kernels = [k for k in registry.kernels(selected, family="fused") if ops is None or k.op in ops]
     wanted = lambda c: (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)  # noqa: E731
     cases, backward_cases = [c for c in catalogue(profile) if wanted(c)], [c for c in backward_catalogue(profile) if wanted(c)]
-    fused_cases = [c for c in fused_catalogue(profile) if wanted(c)]
-    fused_backward_cases = [c for c in fused_backward_catalogue(profile) if wanted(c)]
+    fused_pairs = _write_pairs([c for c in fused_catalogue(profile) if wanted(c)], fused_kernels, False)
+    fused_backward_pairs = _write_pairs([c for c in fused_backward_catalogue(profile) if wanted(c)], fused_kernels, True)
     selection = {
         "backend": config.getoption("backend"),
         "backend_file": config.getoption("backend_file"),
@@ -116,7 +117,8 @@ def pytest_configure(config):
     state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config,
                          backward_cases=backward_cases, batch_cases=properties.batch_cases(profile),
                          backward_batch_cases=properties.backward_batch_cases(profile),
-                         fused_kernels=fused_kernels, fused_cases=fused_cases, fused_backward_cases=fused_backward_cases)
+                         fused_kernels=fused_kernels, fused_pairs=fused_pairs, fused_backward_pairs=fused_backward_pairs,
+                         fused_property_pairs=fused_properties.property_pairs(profile, fused_kernels, wanted))
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normdiff-state")
     if not isolation.worker_id(config) and not is_benchmark_run(config):
@@ -145,6 +147,18 @@ def pytest_configure(config):
 # A diagnostic: NORMDIFF_PROFILE=DIR runs cProfile in the xdist workers named by
 # NORMDIFF_PROFILE_WORKERS (default gw0; one worker's profile leaves the others' timing alone)
 # and writes DIR/<worker>.prof at its end, for pstats or snakeviz.
+def _write_pairs(cases, kernels, backward: bool) -> list[tuple]:
+    """(case, kernel) for every fused kernel, each case in the write conventions the kernel runs it
+    in (fused_cases.with_writes); the kernels of one case id together, cases in the catalogue's order."""
+    runs = {k: {c.id for c in with_writes(cases, k, device_for(k), backward)} for k in kernels}
+    pairs = []
+    for case in cases:
+        for write in WRITES:
+            moved = replace(case, write=write)
+            pairs += [(moved, k) for k in kernels if moved.id in runs[k]]
+    return pairs
+
+
 def _start_profile(config) -> None:
     where, worker = os.environ.get("NORMDIFF_PROFILE"), isolation.worker_id(config)
     if where and worker in os.environ.get("NORMDIFF_PROFILE_WORKERS", "gw0").split(","):
@@ -189,9 +203,11 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("case_kernel", params, ids=ids)
     elif "kernel" in metafunc.fixturenames:
         metafunc.parametrize("kernel", state.kernels, ids=[f"{k.op}-{k.name}" for k in state.kernels])
-    for fixture, cases in (("fused_case_kernel", state.fused_cases), ("fused_backward_case_kernel", state.fused_backward_cases)):
+    for fixture, pairs in (("fused_case_kernel", state.fused_pairs), ("fused_backward_case_kernel", state.fused_backward_pairs)):
         if fixture in metafunc.fixturenames:
-            pairs = [(c, k) for c in cases for k in state.fused_kernels if k.op == c.op]
+            metafunc.parametrize(fixture, pairs, ids=[f"{c.id}-{k.name}" for c, k in pairs])
+    for fixture, pairs in state.fused_property_pairs.items():
+        if fixture in metafunc.fixturenames:
             metafunc.parametrize(fixture, pairs, ids=[f"{c.id}-{k.name}" for c, k in pairs])
     if "fused_kernel" in metafunc.fixturenames:
         metafunc.parametrize("fused_kernel", state.fused_kernels, ids=[f"{k.op}-{k.name}" for k in state.fused_kernels])
@@ -213,9 +229,9 @@ def expect_known_issue(request, kernel: NormKernel, case: Case) -> None:
     may pass on some machines (NormKernel.known_issue_may_pass); such a check that passes is
     recorded as passed."""
     device = device_for(kernel)
-    issue = kernel.known_issue(case.id, device)
+    issue = known_issues.known_issue(kernel, case, device)
     if issue:
-        strict = not kernel.known_issue_may_pass(case.id, device)
+        strict = not known_issues.known_issue_may_pass(kernel, case, device)
         request.applymarker(pytest.mark.xfail(reason=f"known issue: {issue}", strict=strict))
 
 

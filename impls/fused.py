@@ -29,18 +29,12 @@ import torch
 
 from impls.base import DEFAULT_EPS, NormKernel, UnsupportedCase
 from impls.fused_validation import check_out_tensor as _check_out
+# The family's ops, fp8 dtypes and write conventions are defined with the validation that holds
+# calls to them; they are part of this interface.
+from impls.fused_validation import ADD_OPS, BASE_OP, FP8_DTYPES, FUSED_OPS, WRITES  # noqa: F401
 from impls.fused_validation import overlaps, validate_fused  # noqa: F401  (part of this interface)
 from impls.inputs import NormInputError, NormSpec, dtype_name, rows_view
 
-ADD_OPS: tuple[str, ...] = ("add_rms_norm", "add_layer_norm")
-# The plain norm each op normalises with.
-BASE_OP = {"add_rms_norm": "rms_norm", "add_layer_norm": "layer_norm", "rms_norm": "rms_norm",
-           "layer_norm": "layer_norm"}
-FUSED_OPS: tuple[str, ...] = ADD_OPS + ("rms_norm", "layer_norm")
-FP8_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
-# new: fresh y and residual_out; in_place: y into x, residual_out into residual; out_y: y into the
-# caller's buffer (``out.y``), residual_out into residual. x and residual not written are unchanged.
-WRITES: tuple[str, ...] = ("new", "in_place", "out_y")
 STATS_ON = ("float32_sum", "rounded_sum")
 SCALE_CONVENTIONS = ("divide", "multiply")
 FP8_NAN = ("nan", "max", "-max")
@@ -144,6 +138,13 @@ class FusedNormKernel(NormKernel):
         reason = super().unsupported(spec)
         if reason or not isinstance(spec, FusedSpec):
             return reason
+        return self.declared_limits(spec)
+
+    def declared_limits(self, spec: FusedSpec) -> str | None:
+        """Why the fused declarations (writes, offsets, output and residual dtypes) rule ``spec``
+        out, or None: what the kernel says it cannot do, wherever it runs."""
+        if spec.dtype not in self.dtypes:
+            return f"{self.name} does not support dtype {dtype_name(spec.dtype)}"
         if spec.write not in self.writes:
             return f"{self.name} does not write {spec.write!r} (writes {', '.join(self.writes)})"
         if spec.weight_offset not in self.weight_offsets:

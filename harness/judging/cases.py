@@ -84,6 +84,10 @@ class Case:
             parts.append(f"dy{self.dy_dist}")
         return "-".join(parts)
 
+    def record_fields(self) -> dict:
+        """What a check's record keeps of the case beyond its id, dtype and tags."""
+        return {}
+
     @property
     def seed(self) -> int:
         return int.from_bytes(hashlib.sha256(self.id.encode()).digest()[:4], "little")

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from harness.judging.cases import AFFINE_ID, ALL, BF16, BOTH, DTYPES, F32, F32_BF16, FULL, QUICK, Case, catalogue, grid
-from impls.fused import ADD_OPS, BASE_OP, FusedSpec
+from impls.fused import ADD_OPS, BASE_OP, WRITES, FusedSpec
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 WRITE_ID = {"in_place": "inplace", "out_y": "outy"}
@@ -76,6 +76,9 @@ class FusedCase(Case):
             parts.append(f"dy{self.dy_dist}")
         return "-".join(parts)
 
+    def record_fields(self) -> dict:
+        return {"write": self.write}
+
     @property
     def seed(self) -> int:
         return int.from_bytes(hashlib.sha256(self.id.encode()).digest()[:4], "little")
@@ -108,7 +111,6 @@ class FusedRows:
     row_pad: int = 0
     dy_dist: str | None = None
     residual_dtype: str | None = None
-    write: str = "new"
     adjacent: bool = False
     weight_offset: float = 0.0
     weight_dist: str = "default"
@@ -117,7 +119,7 @@ class FusedRows:
 
     def cases(self) -> list[FusedCase]:
         tags = (self.tags,) if isinstance(self.tags, str) else self.tags
-        fields = {k: getattr(self, k) for k in ("dist", "eps", "affine", "row_pad", "dy_dist", "write", "adjacent",
+        fields = {k: getattr(self, k) for k in ("dist", "eps", "affine", "row_pad", "dy_dist", "adjacent",
                                                  "weight_offset", "weight_dist", "out_dtype", "scale")}
         out = []
         for shape in self.shapes:
@@ -125,7 +127,7 @@ class FusedRows:
                 for op in self.ops:
                     if self.affine == "bias" and BASE_OP[op] != "layer_norm":
                         continue  # RMSNorm takes no bias
-                    if op not in ADD_OPS and (self.write != "new" or self.adjacent or self.residual_dtype):
+                    if op not in ADD_OPS and (self.adjacent or self.residual_dtype):
                         continue  # the residual's choices are the add ops'
                     residual = self.residual_dtype if op in ADD_OPS and self.residual_dtype != dt else None
                     out.append(FusedCase(op=op, dtype=dt, shape=shape, tags=tags, residual_dtype=residual, **fields))
@@ -140,26 +142,37 @@ PADDED_N = (1, 7, 129, 1000, 4097)
 PADDED_N_FULL = (1, 7, 33, 129, 257, 1000, 1023, 2049, 4000, 4096, 4097, 5120, 8192, 12345)
 LONG_N, LONG_N_FULL = (16384,), (16384, 32768, 65536)
 DECODE = ((1, 4096), (1, 8192), (64, 4096), (64, 8192))
+# e5m2's largest finite value is 57344: at y / scale with scale 1e-5 most of a row saturates it
+# (a scale the id's %g spells exactly, so the case rebuilds from its id).
+E5M2_PAST_MAX = 1e-5
 
+# No row names a write convention: each kernel runs these rows in the conventions it declares
+# (with_writes), so an in-place-only kernel gets every edge kind a new-output one does.
 FUSED_ROWS = (
-    # N not a multiple of any block: padding must not enter the sum's statistics.
+    # N not a multiple of any block or vector (N % 8 != 0 among them): padding must not enter the
+    # sum's statistics, and the row's tail must be written.
     FusedRows(QUICK, "padded N", grid((3,), PADDED_N), BF16),
-    FusedRows(QUICK, "padded N", grid((3,), (129, 4097)), F32),
+    FusedRows(QUICK, "padded N", grid((3,), (129, 4097)), ("float32", "float16")),
     FusedRows(FULL, "padded N", grid((64,), PADDED_N_FULL), ALL),
     FusedRows(QUICK, "M tail", ((65, 769),), BF16),
     FusedRows(FULL, "M tail", grid((1, 2, 3, 5, 17, 65, 129, 1025, 4097), (769, 4096, 8192)), ALL),
-    # The write conventions, each on separate buffers and on adjacent views of one.
-    *(FusedRows(BOTH, "write convention", ((17, 1000),), F32_BF16, write=w) for w in ("in_place", "out_y")),
-    *(FusedRows(BOTH, "adjacent views", ((17, 1000),), BF16, write=w, adjacent=True) for w in ("new", "in_place")),
-    FusedRows(FULL, "adjacent views", grid((129,), (1000, 4096)), ALL, write="out_y", adjacent=True),
-    # A residual stream kept in float32 under 16-bit x: residual_out is float32, in place too.
-    *(FusedRows(BOTH, "residual dtype", ((17, 1000),), ("bfloat16", "float16"), residual_dtype="float32", write=w)
-      for w in ("new", "in_place")),
+    # x and residual adjacent views of one buffer (rows [x | residual]).
+    FusedRows(BOTH, "adjacent views", ((17, 1000),), BF16, adjacent=True),
+    FusedRows(FULL, "adjacent views", grid((129,), (1000, 4096)), ALL, adjacent=True),
+    # A residual stream kept in float32 under 16-bit x: residual_out is float32.
+    FusedRows(BOTH, "residual dtype", ((17, 1000),), ("bfloat16", "float16"), residual_dtype="float32"),
     FusedRows(FULL, "residual dtype", grid((1025,), (4096, 8192)), ("bfloat16", "float16"), residual_dtype="float32"),
+    # The caller's eps, never a constant of the kernel's own: a large eps moves every row's rstd,
+    # and on a constant row it is all of the denominator.
+    FusedRows(QUICK, "eps", ((17, 1000),), F32_BF16, eps=0.1),
+    FusedRows(QUICK, "eps", ((17, 1000),), BF16, dist="constant", eps=1e-3),
+    *(FusedRows(FULL, "eps", grid((129,), (1000, 4097)), ALL, eps=e) for e in (1e-6, 1e-3, 0.1)),
+    FusedRows(FULL, "eps", grid((129,), (1000,)), ALL, dist="constant", eps=0.1),
     # Distributions: cancellation, zero variance, extreme magnitudes, NaN isolation; the rounding
     # of the sum (statistics on the float32 or the rounded sum: "sum_rounds" makes them differ).
     *(FusedRows(QUICK, dist, ((17, 1000),), F32_BF16, dist=dist)
       for dist in ("large_mean", "constant", "nan_row", "sum_rounds")),
+    FusedRows(QUICK, "nan_row", ((17, 1000),), ("float16",), dist="nan_row"),
     *(FusedRows(FULL, dist, grid((1025,), (1000, 4096)), ALL, dist=dist)
       for dist in ("large_mean", "constant", "nan_row", "offset", "outlier_first", "sum_rounds")),
     FusedRows(BOTH, "tiny", ((5, 4000),), ALL, dist="tiny"),
@@ -170,53 +183,114 @@ FUSED_ROWS = (
     FusedRows(QUICK, "weight offset", ((17, 1000),), BF16, ops=RMS_OPS, weight_offset=1.0, weight_dist="small"),
     FusedRows(FULL, "weight offset", grid((129,), (1000, 4096)), ALL, ops=RMS_OPS, weight_offset=1.0),
     FusedRows(FULL, "weight offset", grid((129,), (1000, 4096)), ALL, ops=RMS_OPS, weight_offset=1.0, weight_dist="small"),
-    FusedRows(BOTH, "weight offset", ((17, 1000),), BF16, ops=("add_rms_norm",), weight_offset=1.0, write="in_place"),
+    FusedRows(QUICK, "weight offset", ((3, 129),), BF16, ops=("add_rms_norm",), weight_offset=1.0),
     # fp8 y: scale 1, tiny (past the maximum: saturates) and huge (subnormals and zeros); at the
-    # maximum; NaN in one row.
+    # maximum; NaN in one row; e5m2 on every fp8 op, past its maximum too.
     *(FusedRows(QUICK, "fp8", ((17, 1000),), BF16, ops=FP8_OPS, out_dtype="e4m3", scale=s) for s in (1.0, TINY_SCALE, HUGE_SCALE)),
-    FusedRows(QUICK, "fp8", ((17, 1000),), BF16, ops=("rms_norm",), out_dtype="e5m2", scale=TINY_SCALE),
+    *(FusedRows(QUICK, "fp8 e5m2", ((17, 1000),), BF16, ops=FP8_OPS, out_dtype="e5m2", scale=s)
+      for s in (TINY_SCALE, E5M2_PAST_MAX)),
     FusedRows(QUICK, "fp8 at the maximum", ((17, 1000),), BF16, ops=FP8_OPS, dist="fp8_max", out_dtype="e4m3", scale=0.5),
     FusedRows(QUICK, "fp8 NaN", ((17, 1000),), BF16, ops=FP8_OPS, dist="nan_row", out_dtype="e4m3", scale=1.0),
-    FusedRows(QUICK, "fp8", ((17, 1000),), BF16, ops=("add_rms_norm",), out_dtype="e4m3", scale=0.5, write="out_y",
-              weight_offset=1.0),
+    FusedRows(QUICK, "fp8", ((17, 1000),), BF16, ops=("add_rms_norm",), out_dtype="e4m3", scale=0.5, weight_offset=1.0),
     *(FusedRows(FULL, "fp8", grid((129,), (1000, 4096, 8192)), ALL, ops=FP8_OPS, out_dtype=f, scale=s)
       for f in ("e4m3", "e5m2") for s in (1.0, TINY_SCALE, HUGE_SCALE)),
+    FusedRows(FULL, "fp8 e5m2", grid((129,), (1000, 4097)), ALL, ops=FP8_OPS, out_dtype="e5m2", scale=E5M2_PAST_MAX),
     *(FusedRows(FULL, "fp8 at the maximum", ((129, 4096),), ALL, ops=FP8_OPS, dist="fp8_max", out_dtype=f, scale=0.5)
       for f in ("e4m3", "e5m2")),
     *(FusedRows(FULL, "fp8 NaN", ((129, 4096),), ALL, ops=FP8_OPS, dist="nan_row", out_dtype=f, scale=1.0)
       for f in ("e4m3", "e5m2")),
-    FusedRows(FULL, "fp8", ((129, 4096),), BF16, ops=("add_rms_norm",), out_dtype="e4m3", scale=0.5, write="out_y"),
-    # Long rows and decode rows (one and 64 tokens), in place as models call them.
-    FusedRows(QUICK, "long rows", grid((2,), LONG_N), BF16, write="in_place"),
-    FusedRows(FULL, "long rows", grid((2,), LONG_N_FULL), F32_BF16, write="in_place"),
-    FusedRows(QUICK, "decode", ((1, 4096),), BF16, write="in_place"),
-    FusedRows(FULL, "decode", DECODE, ALL, write="in_place"),
+    FusedRows(FULL, "fp8", ((129, 4096),), BF16, ops=("add_rms_norm",), out_dtype="e4m3", scale=0.5, weight_offset=1.0),
+    # Long rows and decode rows (one and 64 tokens).
+    FusedRows(QUICK, "long rows", grid((2,), LONG_N), BF16),
+    FusedRows(FULL, "long rows", grid((2,), LONG_N_FULL), F32_BF16),
+    FusedRows(QUICK, "decode", ((1, 4096),), BF16),
+    FusedRows(FULL, "decode", DECODE, ALL),
     # Affine combinations, layout.
     FusedRows(QUICK, "affine", ((7, 1000),), BF16, affine="none"),
     FusedRows(QUICK, "affine", ((7, 1000),), BF16, affine="bias"),
     *(FusedRows(FULL, "affine", grid((7,), (1000, 4096)), ALL, affine=a) for a in ("none", "weight", "bias")),
     FusedRows(BOTH, "strided rows", ((33, 1000),), BF16, row_pad=64),
-    FusedRows(BOTH, "strided rows", ((33, 1000),), BF16, row_pad=64, write="in_place"),
     FusedRows(QUICK, "3-D", ((2, 17, 1536),), BF16),
     FusedRows(FULL, "3-D", ((2, 17, 1536), (4, 8, 4000)), F32_BF16),
-    FusedRows(FULL, "model shape", ((16384, 4096), (4096, 8192)), ("bfloat16", "float16"), write="in_place"),
+    FusedRows(FULL, "model shape", ((16384, 4096), (4096, 8192)), ("bfloat16", "float16")),
 )
 
 FUSED_BACKWARD_ROWS = (
     BwdFusedRows(QUICK, "padded N", grid((17,), (129, 1000)), BF16, ops=ADD),
+    BwdFusedRows(QUICK, "padded N", ((3, 7),), F32, ops=ADD),
     BwdFusedRows(QUICK, "M tail", ((65, 769),), F32, ops=ADD),
     BwdFusedRows(QUICK, "residual dtype", ((17, 1000),), BF16, ops=ADD, residual_dtype="float32"),
     BwdFusedRows(QUICK, "weight offset", ((17, 1000),), F32_BF16, ops=RMS_OPS, weight_offset=1.0),
     BwdFusedRows(QUICK, "affine", ((17, 1000),), F32, ops=ADD, affine="none"),
+    BwdFusedRows(QUICK, "eps", ((17, 1000),), F32, ops=ADD, eps=0.1),
+    BwdFusedRows(QUICK, "large_mean", ((17, 1000),), BF16, ops=ADD, dist="large_mean"),
     BwdFusedRows(FULL, "padded N", grid((64,), (1, 129, 1000, 4096, 4097, 8192)), ALL, ops=ADD),
     BwdFusedRows(FULL, "M tail", grid((1, 3, 65, 1025, 4097), (769, 4096)), F32, ops=ADD),
     BwdFusedRows(FULL, "residual dtype", grid((129,), (1000, 4096)), ("bfloat16", "float16"), ops=ADD,
                  residual_dtype="float32"),
     BwdFusedRows(FULL, "weight offset", grid((129,), (1000, 4096)), ALL, ops=RMS_OPS, weight_offset=1.0),
     BwdFusedRows(FULL, "large_mean", ((17, 4097),), F32_BF16, ops=ADD, dist="large_mean"),
+    BwdFusedRows(FULL, "eps", ((129, 1000),), ALL, ops=ADD, eps=0.1),
     BwdFusedRows(FULL, "dy outliers", ((1025, 1000),), F32, ops=ADD, dy_dist="outliers"),
+    BwdFusedRows(FULL, "strided rows", ((33, 1000),), BF16, ops=ADD, row_pad=64),
     *(BwdFusedRows(FULL, "affine", ((17, 1000),), F32, ops=ADD, affine=a) for a in ("none", "weight", "bias")),
 )
+
+
+def accepted_writes(case: FusedCase) -> tuple[str, ...]:
+    """The write conventions the interface accepts for the case (impls.fused_validation): the
+    residual's conventions are the add ops'; an fp8 y never goes into x's storage."""
+    if case.op not in ADD_OPS:
+        return ("new",)
+    return ("new", "out_y") if case.out_dtype else WRITES
+
+
+def own_write(kernel, case: FusedCase) -> str:
+    """The convention ``kernel`` runs ``case`` in: its first declared one (in WRITES order) the case
+    accepts; where none is, the case's first, and the check is skipped with the kernel's reason."""
+    accepted = accepted_writes(case)
+    return next((w for w in WRITES if w in kernel.writes and w in accepted), accepted[0])
+
+
+def _runs(kernel, case: FusedCase, device: str, backward: bool) -> bool:
+    """Whether the kernel's declarations let it run the case (collection only: never a verdict)."""
+    try:
+        spec = case.spec(device)
+        if kernel.unavailable():  # not here: what it declares decides, as where it runs
+            return not kernel.declared_limits(spec)
+        return not (kernel.backward_unsupported(spec) if backward else kernel.unsupported(spec))
+    except Exception:  # noqa: BLE001 (a declaration that cannot answer here runs nothing extra)
+        return False
+
+
+def edge_kinds(case: FusedCase) -> tuple[str, ...]:
+    """What a case stands for: its rows' tags (why it is in the catalogue) and its dtype."""
+    return (*case.tags, f"dtype {case.dtype}")
+
+
+def with_writes(cases: list[FusedCase], kernel, device: str, backward: bool = False) -> list[FusedCase]:
+    """The cases ``kernel`` runs: every case of its op in its own convention (own_write), and in
+    each other convention it declares, for every edge kind (edge_kinds) the smallest case it can
+    run: each edge kind reaches each convention at a fraction of repeating the catalogue."""
+    mine = [c for c in cases if c.op == kernel.op]
+    out = {(c.id, w): replace(c, write=w) for c in mine for w in [own_write(kernel, c)]}
+    for write in kernel.writes:
+        best: dict[str, FusedCase] = {}
+        for case in mine:
+            if write not in accepted_writes(case) or write == own_write(kernel, case):
+                continue
+            moved = replace(case, write=write)
+            if not _runs(kernel, moved, device, backward):
+                continue
+            for kind in edge_kinds(case):
+                held = best.get(kind)
+                if held is None or (case.rows * case.n, case.id) < (held.rows * held.n, held.id):
+                    best[kind] = moved
+        # A dtype already reached by an edge kind's case needs no case of its own.
+        reached = {c.dtype for kind, c in best.items() if not kind.startswith("dtype ")}
+        out.update({(c.id, c.write): c for kind, c in best.items()
+                    if not kind.startswith("dtype ") or kind.removeprefix("dtype ") not in reached})
+    return list(out.values())
 
 
 def fused_catalogue(profile: str = "quick", rows: tuple[FusedRows, ...] = FUSED_ROWS) -> list[FusedCase]:
@@ -252,4 +326,4 @@ def fused_case_from_id(case_id: str) -> FusedCase:
         out_dtype=m["fp8"], scale=float(m["scale"]) if m["scale"] else None)
 
 
-__all__ = ["FusedCase", "fused_catalogue", "fused_backward_catalogue", "fused_case_from_id"]
+__all__ = ["FusedCase", "fused_catalogue", "fused_backward_catalogue", "fused_case_from_id", "with_writes"]

@@ -16,7 +16,7 @@ import torch
 from harness.judging import compare_backward, compare_fused, guards
 from harness.judging.fused_inputs import FusedInputs, make_fused_dy, make_fused_inputs
 from harness.judging.guards import GAP, Guarded, GuardFinding, _guard, bits_of
-from harness.judging.runner import CheckResult, device_for
+from harness.judging.runner import INPUT_KINDS, CheckResult, device_for
 from harness.judging.shapes import HUGE_ELEMENTS
 from impls.base import NormGrads, NormOutputs, UnsupportedCase
 from impls.fused import ADD_OPS, BASE_OP, FusedGrads, FusedOutputs
@@ -68,18 +68,19 @@ def kernel_scale(kernel, case) -> float | None:
     return case.scale if kernel.scale_convention == "divide" else 1.0 / case.scale
 
 
-def guarded_fused_outputs(kernel, case, x: torch.Tensor) -> tuple[FusedOutputs, list[Guarded]]:
+def guarded_fused_outputs(kernel, case, x: torch.Tensor, second: bool = False) -> tuple[FusedOutputs, list[Guarded]]:
     """Poisoned, canaried buffers for the outputs the convention has the kernel write anew: y
-    (unless in place), residual_out (new outputs of an add op), and the statistics it writes."""
+    (unless in place), residual_out (new outputs of an add op), and the statistics it writes.
+    ``second``: with the second poison (guards.resolve)."""
     shape, device = tuple(x.shape), x.device
     guards_ = []
     if case.write != "in_place":
-        guards_.append(_guard("y", shape, case.out_torch_dtype or x.dtype, device, GAP))
+        guards_.append(_guard("y", shape, case.out_torch_dtype or x.dtype, device, GAP, second))
     if case.op in ADD_OPS and case.write == "new":
-        guards_.append(_guard("residual_out", shape, declared_sum(kernel, case)[1], device, GAP))
+        guards_.append(_guard("residual_out", shape, declared_sum(kernel, case)[1], device, GAP, second))
     for name in ("mean", "rstd"):
         if name in kernel.outputs:
-            guards_.append(_guard(name, shape[:-1], torch.float32, device, 0))
+            guards_.append(_guard(name, shape[:-1], torch.float32, device, 0, second))
     views = {g.name: g.view for g in guards_}
     return FusedOutputs(y=views.get("y", x), residual_out=views.get("residual_out"), mean=views.get("mean"),
                         rstd=views.get("rstd")), guards_
@@ -114,16 +115,6 @@ def buffer_findings(inputs: FusedInputs, before: dict[str, torch.Tensor], case) 
     return findings
 
 
-def _pardon_nan_rows(y: torch.Tensor, ref_y: torch.Tensor) -> None:
-    """An fp8 format has no spare NaN for a poison that no kernel writes (a NaN row's NaN may come
-    out as 0xFF, the poison): where the oracle is NaN, a poisoned element counts as written, and
-    the value check judges it as the NaN (or what the kernel declares) it must be."""
-    bits = bits_of(y)
-    poisoned = (bits == guards.POISON_BITS[y.dtype]) & torch.isnan(ref_y)
-    if bool(poisoned.any()):
-        bits[poisoned] = 0x7F
-
-
 def check_fused(kernel, case, oracle: FusedOracleCache | None = None, keep_outputs: bool = False,
                 watch=None) -> CheckResult:
     """Run ``kernel`` on ``case`` with the case's convention and judge it (see the module)."""
@@ -143,20 +134,33 @@ def check_fused(kernel, case, oracle: FusedOracleCache | None = None, keep_outpu
     out, guarded = guarded_fused_outputs(kernel, case, x)
     before = {k: b.clone() for k, b in inputs.buffers.items()}
     params_before = guards.snapshot_inputs(inputs.parameters())
-    try:
+    passed = {"x": x, "residual": residual, **inputs.parameters()}
+    state = guards.input_state(passed)
+
+    def call(args: FusedInputs, x_, residual_, out_: FusedOutputs) -> None:
         with watch.call(kernel, case, spec) if watch is not None else contextlib.nullcontext():
-            kernel(x, residual, inputs.weight, inputs.bias, inputs.eps, weight_offset=case.weight_offset,
-                   out_dtype=case.out_torch_dtype, scale=kernel_scale(kernel, case), write=case.write, out=out)
+            kernel(x_, residual_, args.weight, args.bias, args.eps, weight_offset=case.weight_offset,
+                   out_dtype=case.out_torch_dtype, scale=kernel_scale(kernel, case), write=case.write, out=out_)
             if device == "cuda":
                 torch.cuda.synchronize()
+
+    def call_again() -> list[Guarded]:  # on the inputs as drawn, into outputs with the second poison
+        again = pristine if case.write == "new" else pristine.fresh()
+        out2, guarded2 = guarded_fused_outputs(kernel, case, again.x, second=True)
+        call(again, again.x, again.residual, out2)
+        return guarded2
+
+    try:
+        call(inputs, x, residual, out)
     except UnsupportedCase as exc:  # valid input this kernel cannot run (a layout it refuses): its reason
         result.skipped = str(exc)
         return result
-    if case.out_dtype is not None and case.write != "in_place":
-        _pardon_nan_rows(out.y, ref.y)
-    result.findings = (guards.inspect(guarded) + buffer_findings(inputs, before, case)
-                       + guards.inputs_modified(params_before, inputs.parameters()))
-    if any(f.kind in ("input modified", "out-of-bounds write") for f in result.findings) and inputs is pristine:
+    inputs_found = (guards.inputs_altered(state, passed) + buffer_findings(inputs, before, case)
+                    + guards.inputs_modified(params_before, inputs.parameters()))
+    del before, params_before
+    result.findings = guards.resolve(guarded, guards.inspect(guarded), call_again) + inputs_found
+    kinds = {f.kind for f in result.findings}
+    if "input altered" in kinds or (kinds & {"input modified", "out-of-bounds write"} and inputs is pristine):
         oracle.forget()
     got = FusedOutputs(y=x if case.write == "in_place" else out.y,
                        residual_out=residual if case.write != "new" else out.residual_out,
@@ -181,13 +185,18 @@ def check_fused_backward(kernel, case, oracle: FusedOracleCache | None = None, w
         return result
     oracle = oracle or FusedOracleCache()
     pristine, _, _ = oracle.get(case, device, kernel)
-    inputs = pristine.fresh()  # its own copy: the forward it runs first is not under the guards
+    # The forward runs in the case's convention on a copy of the inputs (in place it leaves y in x's
+    # storage and residual_out in residual's); the backward then gets the inputs as they were.
+    inputs, called = pristine.fresh(), pristine.fresh()
     x, residual, weight, bias = inputs.x, inputs.residual, inputs.weight, inputs.bias
     dy, d_res = make_fused_dy(case, device)
+    passed = {"x": x, "residual": residual, "weight": weight, "bias": bias, "dy": dy, "d_residual_out": d_res}
+    state = guards.input_state(passed)  # before the forward: neither call may change them
     watched = (lambda: watch.call(kernel, case, spec)) if watch is not None else contextlib.nullcontext
     try:
         with watched():
-            saved = kernel(x, residual, weight, bias, inputs.eps, weight_offset=case.weight_offset)
+            saved = kernel(called.x, called.residual, weight, bias, inputs.eps, weight_offset=case.weight_offset,
+                           write=case.write)
     except UnsupportedCase as exc:
         result.skipped = str(exc)
         return result
@@ -206,7 +215,10 @@ def check_fused_backward(kernel, case, oracle: FusedOracleCache | None = None, w
                         weight_offset=case.weight_offset, out=grads)
         if device == "cuda":
             torch.cuda.synchronize()
-    result.findings = guards.inspect(guarded) + guards.inputs_modified(before, given)
+    result.findings = (guards.inspect(guarded) + guards.inputs_modified(before, given)
+                       + guards.inputs_altered(state, passed))
+    if any(f.kind in INPUT_KINDS for f in result.findings):
+        oracle.forget()  # weight and bias are the case's own
     # The oracle normalises what a correct kernel saved: the sum rounded to residual_out's dtype.
     base = BASE_OP[case.op]
     src = (x.double() + residual.double()).to(saved.residual_out.dtype) if residual is not None else x

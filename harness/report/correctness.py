@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from harness.report import fused, memory, pattern, properties
+from harness.report import cut_short, fused, memory, pattern, phases, properties
 from harness.report.failure import LEGEND, render_failure, repro_command
 from harness.report.outcomes import HARNESS_ERROR
 from harness.report.markdown import fmt, table
@@ -21,12 +21,13 @@ def render_markdown(doc: dict) -> str:
     lines += render_skip_reasons(records)
     lines += render_compiled(doc.get("compiled") or ())
     lines += properties.render(records, table)
-    lines += fused.render(records, table)
+    lines += fused.render(records, table) + fused.render_coverage(doc, records, table)
     lines += render_known_issues(records)
     lines += memory.render_memory(doc, table)
     lines += render_failures(doc, records)
     lines += render_closest_calls(records)
     lines += render_agreement(doc)
+    lines += phases.render(doc) + cut_short.render(doc)
     lines.append("")
     return "\n".join(lines)
 
@@ -44,6 +45,9 @@ def render_header(doc: dict) -> list[str]:
     elif progress.get("ran", 0) < progress.get("collected", 0):
         lines += ["", f"> **Incomplete run**: {progress['ran']} of {progress['collected']} checks ran "
                       "(interrupted or stopped at the first failure).", ""]
+    if doc.get("resume"):
+        lines += [f"> {doc['resume']['left']} checks did not run: *Not run*, at the end, lists them and the command "
+                  "that runs only those.", ""]
     return lines
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.running import attribution, isolation, memory, memory_watch, scheduling
+from harness.running import attribution, clock, isolation, memory, memory_watch, resume, scheduling
 from harness.judging.cases import Case
 from harness.running.controller import NOT_RUN
 from harness.running.run import is_benchmark_run, write_partial
@@ -23,6 +23,7 @@ def collect_records(state, items) -> None:
     """A record per collected check of a kernel; the quick profile's CPU sampling
     (HarnessState.left_out) as a skip; then --min-check-memory and --shard deselect."""
     deselect_unselected(state.config, items)
+    resume.deselect_done(state.config, items)
     for item in items:
         params = getattr(item, "callspec", None)
         case = kernel = None
@@ -36,7 +37,9 @@ def collect_records(state, items) -> None:
             continue
         rec = {"test": item.originalname, "kernel": kernel.name, "backend": kernel.backend, "op": kernel.op}
         if case is not None:
-            rec.update(case=case.id, dtype=case.dtype, tags=list(case.tags))
+            rec.update(case=case.id, dtype=case.dtype, tags=list(case.tags), **case.record_fields())
+            if hasattr(kernel, "declaration"):
+                rec["declaration"] = kernel.declaration()
             left_out = state.left_out(kernel, case)
             if left_out:  # every check of a (case, kernel) pair, in one place
                 item.add_marker(pytest.mark.skip(reason=left_out))
@@ -54,6 +57,8 @@ def collect_records(state, items) -> None:
             state.config.hook.pytest_deselected(items=drop)
             items[:] = [i for i in items if where[i.nodeid] == k - 1]
     state.collected = True
+    if not isolation.worker_id(state.config):  # a worker's is marked by the controller (Controller)
+        clock.mark(state.config, clock.MAIN, "collected")
 
 
 def save_collection(state) -> None:
@@ -86,6 +91,16 @@ def deselect_unselected(config, items) -> None:
         items[:] = [i for i in items if not unselected(i)]
 
 
+def _span(rec: dict | None, report) -> None:
+    """The check's span from its set-up's start to its teardown's end (pytest's report times),
+    for the report's phases (harness.report.phases)."""
+    start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+    if rec is None or start is None or stop is None:
+        return
+    rec["t_start"] = min(rec.get("t_start", start), start)
+    rec["t_end"] = max(rec.get("t_end", stop), stop)
+
+
 def fold_report(state, report) -> None:
     """One phase's report of a check into its record (on the controller: a worker's report)."""
     if report.when == "call":
@@ -100,6 +115,7 @@ def fold_report(state, report) -> None:
         for name, value in report.user_properties:
             if name == "normdiff_after" and report.nodeid in state.records:
                 state.records[report.nodeid].update(value)
+    _span(state.records.get(report.nodeid), report)
     if report.when != "call" and report.passed:
         return
     rec = state.records.get(report.nodeid)

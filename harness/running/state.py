@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harness.judging import compare
-from harness.running import isolation
+from harness.judging import compare, known_issues
+from harness.running import clock, isolation
 from harness.judging.cases import Case
 from harness.running.controller import Controller
 from harness.running.records import collect_records, fold_report, save_collection
 from harness.report import add_agreement_cell
+from harness.report.phases import summarise as summarise_phases
 from harness.running.run import backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir
 from harness.judging.fused_runner import FusedOracleCache
 from harness.judging.runner import CheckResult, OracleCache, device_for
@@ -40,8 +41,11 @@ class HarnessState:
     batch_cases: list[Case] = field(default_factory=list)  # harness/test_properties.py's
     backward_batch_cases: list[Case] = field(default_factory=list)  # harness/test_backward.py's batch invariance
     fused_kernels: list[NormKernel] = field(default_factory=list)  # the fused family's (harness/test_fused.py)
-    fused_cases: list[Case] = field(default_factory=list)
-    fused_backward_cases: list[Case] = field(default_factory=list)
+    # (case, kernel): each fused case in the write conventions its kernel runs it in
+    fused_pairs: list[tuple] = field(default_factory=list)
+    fused_backward_pairs: list[tuple] = field(default_factory=list)
+    # harness/test_fused_properties.py's (case, kernel) per fixture (harness.judging.fused_properties)
+    fused_property_pairs: dict[str, list[tuple]] = field(default_factory=dict)
     records: dict[str, dict] = field(default_factory=dict)  # nodeid -> record
     oracle: OracleCache = field(default_factory=OracleCache)
     fused_oracle: FusedOracleCache = field(default_factory=FusedOracleCache)
@@ -69,7 +73,16 @@ class HarnessState:
         GPU (their GPU memory). The batch-invariance cases are among the largest (4096 x 65536 on
         the full profile)."""
         return {c.id: c for c in self.cases + self.backward_cases + self.batch_cases + self.backward_batch_cases
-                + self.fused_cases + self.fused_backward_cases}
+                + self.fused_cases + self.fused_backward_cases
+                + [c for pairs in self.fused_property_pairs.values() for c, _ in pairs]}
+
+    @property
+    def fused_cases(self) -> list[Case]:
+        return list({c.id: c for c, _ in self.fused_pairs}.values())
+
+    @property
+    def fused_backward_cases(self) -> list[Case]:
+        return list({c.id: c for c, _ in self.fused_backward_pairs}.values())
 
     @property
     def kernel_index(self) -> dict[tuple[str, str], NormKernel]:
@@ -86,7 +99,7 @@ class HarnessState:
         every = kernel.quick_cpu_every
         device = device_for(kernel)
         if (self.profile != "quick" or every <= 1 or device != "cpu" or quick_cpu_kept(case, every)
-                or kernel.known_issue(case.id, device)):
+                or known_issues.known_issue(kernel, case, device)):
             return None
         return (f"quick profile on the CPU: {kernel.name} checks one case in {every} here (every new shape "
                 f"compiles for seconds); the full profile checks every case")
@@ -119,6 +132,7 @@ class HarnessState:
             elapsed=time.time() - self.started,
         )
         doc["progress"] = {"final": final, "ran": ran, "collected": len(self.records)}
+        doc["phases"] = [summarise_phases(doc["records"], clock.clock(config), time.time())]
         directory = report_dir(config, "checks")
         config._normdiff_report = write_report(doc, directory)  # noqa: SLF001 (terminal summary)
         point_latest(config, directory)
@@ -170,7 +184,8 @@ class HarnessState:
     def pytest_runtest_makereport(self, item, call):
         # How many of this check's kernel calls compiled first (harness.running.progress counts them).
         if call.when == "call" and self.watch is not None and self.watch.item_compiles:
-            item.user_properties.append(("normdiff", {"compiled": self.watch.item_compiles}))
+            item.user_properties.append(("normdiff", {"compiled": self.watch.item_compiles,
+                                                      "compile_s": round(self.watch.item_compile_s, 3)}))
 
     def pytest_runtest_logstart(self, nodeid, location):
         if self.watch is not None:
