@@ -15,8 +15,8 @@ from typing import ClassVar, Literal
 import torch
 
 from impls.inputs import (  # noqa: F401  (the call's types and validation, part of this interface)
-    OPS, SUPPORTED_DTYPES, NormGrads, NormInputError, NormOutputs, NormSpec, check_out, dtype_name, rows_view,
-    spec_of, validate_inputs,
+    OPS, SUPPORTED_DTYPES, NormGrads, NormInputError, NormOutputs, NormSpec, ReproCall, check_out, dtype_name,
+    rows_view, spec_of, validate_inputs,
 )
 
 Op = Literal["rms_norm", "layer_norm"]
@@ -373,6 +373,10 @@ class NormKernel:
             return self.call_name or f"{self.name}'s entry point", lambda: self._call(x, weight, bias, eps)
         return (f"registry.get({self.op!r}, {self.backend!r}, {self.variant!r})(x, weight, bias, eps)",
                 lambda: self(x, weight, bias, eps))
+
+    def repro_call(self) -> ReproCall | None:
+        """How a standalone repro calls this kernel (ReproCall); None: it imports the plug-in."""
+        return None
 
     def bench_callable(self, x: torch.Tensor, weight, bias, eps: float, out: NormOutputs):
         """A zero-argument callable that runs the kernel once on prepared 2-D rows, as the benchmark

@@ -56,6 +56,19 @@ class NormSpec:
     has_bias: bool
 
 
+@dataclass(frozen=True)
+class ReproCall:
+    """How a kernel is called outside the harness, for a standalone repro (harness.repro): the
+    lines that import its library, and the bodies of the kernel's ``_forward`` and ``_backward``
+    (with their arguments' names) written on that library's public API. ``source``: code of the
+    plug-in the call needs (a ``@triton.jit`` kernel), copied into the repro."""
+
+    imports: str
+    forward: str
+    backward: str | None = None
+    source: str = ""
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

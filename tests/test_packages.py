@@ -5,6 +5,7 @@ read from every import in the source (those inside functions too), so it holds f
   report      the reports: reads documents; imports judging's shapes (the targets), nothing that runs
   running     running the checks: workers, isolation, memory, the ledger, the run's state and records
   benchmarks  the benchmarks' parts
+  repro       standalone reproductions of failures (python -m harness.repro)
   (top level) the entry points: the pytest plugins, the checks (test_*.py), the python -m commands
 
 A package imports only packages at or before it in that order; no package imports the top level.
@@ -18,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "harness"
-ORDER = ("judging", "report", "running", "benchmarks")
+ORDER = ("judging", "report", "running", "benchmarks", "repro")
 ENTRY_POINTS = {"plugin", "bench", "entry", "doctor", "bench_gpus", "warm", "measure"}  # with test_*.py
 
 
