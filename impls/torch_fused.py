@@ -67,15 +67,16 @@ class _TorchFused(FusedNormKernel):
 
     def _backward(self, src, weight, bias, dy, d_residual_out, saved, eps, weight_offset, out: FusedGrads) -> None:
         # autograd of the float32 composition on what was normalised; residual_out passes its
-        # gradient straight to x and residual.
+        # gradient straight to x and residual. Leaves detached: on a float32 tensor .float() is the
+        # caller's own tensor, whose requires_grad the call must not set.
         with torch.enable_grad():
-            leaves = [src.float().requires_grad_()]
+            leaves = [src.detach().float().requires_grad_()]
             w = b = None
             if weight is not None:
-                w = weight.float().requires_grad_()
+                w = weight.detach().float().requires_grad_()
                 leaves.append(w)
             if bias is not None:
-                b = bias.float().requires_grad_()
+                b = bias.detach().float().requires_grad_()
                 leaves.append(b)
             y, _, _ = normalize(self.op, leaves[0], w, b, eps, weight_offset)
             grads = torch.autograd.grad(y, leaves, dy.float())

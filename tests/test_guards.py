@@ -90,3 +90,38 @@ def test_nan_count_scans_in_chunks(monkeypatch):
     assert guards.nan_count(t) == 3
     assert seen and max(seen) <= 8 and sum(seen) == t.numel()
     assert guards.nan_count(torch.zeros(3)) == 0
+
+
+# The quiet bit of each format's NaNs: arithmetic and casts make quiet NaNs only.
+QUIET_BIT = {torch.float32: 1 << 22, torch.float16: 1 << 9, torch.bfloat16: 1 << 6, torch.float8_e5m2: 1 << 1}
+
+
+@pytest.mark.parametrize("dtype", list(guards.POISON_BITS), ids=str)
+def test_each_poison_is_a_signalling_nan_or_has_a_second_poison(dtype):
+    """A poison a kernel could write makes "unwritten" unsound: it is a signalling NaN, or (float8_e4m3fn,
+    whose only NaNs are 0x7F and 0xFF) unwritten is told from written by a second call's poison."""
+    def value(bits):
+        return torch.tensor([bits], dtype=guards._INT_VIEW[dtype.itemsize]).view(dtype).float()
+
+    poison = guards.POISON_BITS[dtype]
+    assert torch.isnan(value(poison)).all()
+    if dtype in guards.SECOND_POISON_BITS:
+        second = guards.SECOND_POISON_BITS[dtype]
+        assert second != poison & 0xFF and torch.isnan(value(second)).all()
+    else:
+        assert not poison & QUIET_BIT[dtype]
+
+
+def test_a_call_that_reshapes_or_flags_an_input_is_found_and_the_input_put_back():
+    storage = torch.randn(3, 6)
+    x, w = storage[:, :4], torch.randn(4)
+    passed = {"x": x, "weight": w, "bias": None}
+    state = guards.input_state(passed)
+    assert guards.inputs_altered(state, passed) == []
+    x.as_strided_((4, 3), (3, 1))
+    w.requires_grad_()
+    found = {f.output: f for f in guards.inputs_altered(state, passed)}
+    assert found["x"].kind == "input altered" and found["x"].detail == "shape (3, 4) -> (4, 3); strides (6, 1) -> (3, 1)"
+    assert found["weight"].summary() == "weight: input altered: requires_grad False -> True"
+    assert (x.shape, x.stride(), w.requires_grad) == ((3, 4), (6, 1), False)
+    assert torch.equal(x, storage[:, :4])

@@ -17,6 +17,10 @@ from impls.base import NormGrads, NormKernel, NormOutputs
 from impls.reference import reference, reference_backward
 
 
+# Findings after which the case's inputs are not as drawn: the next kernel gets fresh ones.
+INPUT_KINDS = ("input modified", "input altered")
+
+
 @dataclass
 class CheckResult:
     case: Case
@@ -120,13 +124,16 @@ def check(kernel: NormKernel, case: Case, oracle: OracleCache | None = None, kee
     inputs, ref = oracle.get(case, device)
     out, guarded = guards.guarded_outputs(kernel, inputs.x)
     before = guards.snapshot_inputs(inputs.tensors())
+    passed = {"x": inputs.x, "weight": inputs.weight, "bias": inputs.bias}
+    state = guards.input_state(passed)
     # Judged on what lands in the given buffers, whatever the call returns.
     with watch.call(kernel, case, spec) if watch is not None else contextlib.nullcontext():
         kernel(inputs.x, inputs.weight, inputs.bias, inputs.eps, out=out)
         if device == "cuda":
             torch.cuda.synchronize()
-    result.findings = guards.inspect(guarded) + guards.inputs_modified(before, inputs.tensors())
-    if any(f.kind == "input modified" for f in result.findings):
+    altered = guards.inputs_altered(state, passed)
+    result.findings = guards.inspect(guarded) + guards.inputs_modified(before, inputs.tensors()) + altered
+    if any(f.kind in INPUT_KINDS for f in result.findings):
         oracle.forget()  # the next kernel gets fresh inputs
     result.errors, extra = judge(kernel, case.op, inputs.x, inputs.weight, inputs.bias, out, ref, device)
     if keep_outputs and not isinstance(ref, ChunkedReference):  # the agreement matrix: a whole oracle's cases only
@@ -192,6 +199,8 @@ def check_backward(kernel: NormKernel, case: Case, oracle: BackwardOracleCache |
     oracle = oracle or BackwardOracleCache()
     inputs, dy, dy_storage, ref = oracle.get(case, device)
     watched = (lambda: watch.call(kernel, case, spec)) if watch is not None else contextlib.nullcontext
+    passed = {"x": inputs.x, "weight": inputs.weight, "bias": inputs.bias, "dy": dy}
+    state = guards.input_state(passed)  # before the forward: neither call may change them
     with watched():
         saved = kernel(inputs.x, inputs.weight, inputs.bias, inputs.eps)
     grads, guarded = guards.guarded_grads(inputs.x, inputs.weight, inputs.bias)
@@ -202,8 +211,9 @@ def check_backward(kernel: NormKernel, case: Case, oracle: BackwardOracleCache |
         kernel.backward(inputs.x, inputs.weight, inputs.bias, dy, saved, inputs.eps, out=grads)
         if device == "cuda":
             torch.cuda.synchronize()
-    result.findings = guards.inspect(guarded) + guards.inputs_modified(before, given)
-    if any(f.kind == "input modified" for f in result.findings):
+    altered = guards.inputs_altered(state, passed)
+    result.findings = guards.inspect(guarded) + guards.inputs_modified(before, given) + altered
+    if any(f.kind in INPUT_KINDS for f in result.findings):
         oracle.forget()
     result.stat_dtype = kernel.stat_dtype(case.torch_dtype, device)
     result.errors = compare_backward.compare_grads(grads, ref, case.torch_dtype, result.stat_dtype)

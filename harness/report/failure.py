@@ -59,7 +59,8 @@ def render_failure(doc: dict, r: dict, heading: str = "###") -> list[str]:
         c = r.get("crash") or {}
         lines += [f"- **{r['failure_kind']}**: {c.get('detail', '')} ({c.get('where', '')}, worker {c.get('worker', '?')})", ""]
     for f in r.get("findings") or ():
-        lines.append(f"- guard: **{f['kind']}** in `{f['output']}`: {f['count']} element(s), first at {f['first']}")
+        what = f.get("detail") or f"{f['count']} element(s), first at {f['first']}"
+        lines.append(f"- guard: **{f['kind']}** in `{f['output']}`: {what}")
     rows = error_table(r)
     lines += rows
     if not rows and not r.get("findings") and not r.get("failure_kind"):
@@ -75,7 +76,8 @@ def summary_line(fields: dict, message: str = "") -> str:
     that says something."""
     parts = [f"{e['output']} {e['mismatched']}/{e['numel']} out of tolerance, worst {fmt(e.get('worst_ratio'), 2)}x allowed"
              for e in fields.get("errors") or () if e.get("mismatched")]
-    parts += [f"{f['kind']} in {f['output']}: {f['count']} element(s)" for f in fields.get("findings") or ()]
+    parts += [f"{f['kind']} in {f['output']}: {f.get('detail') or str(f['count']) + ' element(s)'}"
+              for f in fields.get("findings") or ()]
     if fields.get("failure_kind"):
         parts.insert(0, f"{fields['failure_kind']}: {(fields.get('crash') or {}).get('detail', '')}".rstrip(": "))
     if not parts:  # a traceback's exception lines ("E   ...") where it has them, else every line
