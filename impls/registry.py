@@ -136,6 +136,23 @@ def expand(patterns: list[str]) -> list[str]:
     return out
 
 
+class UnknownBackend(KeyError):
+    """A backend name nothing registered. A KeyError, shown as its message (not quoted)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def unknown_message(unknown: list[str]) -> str:
+    """What is registered, and how each kind of backend gets registered."""
+    named = [f"{n}: a plug-in, load it with --backend-file {KNOWN_PLUGINS[n]}" for n in unknown if n in KNOWN_PLUGINS]
+    shipped = ", ".join(f"{n} ({p})" for n, p in KNOWN_PLUGINS.items())
+    return (f"unknown backend(s) {', '.join(unknown)}; registered: {', '.join(backends()) or 'none'}. "
+            + "".join(f"{line}. " for line in named)
+            + "Built-in backends load with impls.registry.load_all() (or load_builtins()); a plug-in file with "
+            f"--backend-file PATH (pytest) or impls.registry.load_all([PATH]). Plug-ins shipped as examples: {shipped}")
+
+
 def backends() -> list[str]:
     return sorted({b for b, _, _ in _KERNELS})
 
@@ -146,7 +163,7 @@ def kernels(names: list[str] | None = None, op: str | None = None, family: str |
     if names is not None:
         unknown = sorted(set(names) - set(backends()))
         if unknown:
-            raise KeyError(f"unknown backend(s) {', '.join(unknown)}; registered: {', '.join(backends())}")
+            raise UnknownBackend(unknown_message(unknown))
     return [
         k
         for (b, v, o), k in sorted(_KERNELS.items())

@@ -29,6 +29,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,16 +48,31 @@ COMMAND_LANGS = ("sh", "yaml")
 OTHER_BLOCKS = {  # (page, language, first word of the block): why it is no command
     ("README.md", "", "impls/"): "the Layout section's directory tree",
     ("docs/layout.md", "", "impls/"): "the directory tree",
-    ("docs/interface.md", "python", "from"): "Python a program runs (the kernel call), not a shell command",
 }
+# Pages whose ```python blocks are programs a user runs: test_python_snippet runs each as written,
+# or in the narrower form SNIPPET_FORMS states.
+SNIPPET_PAGES = ("docs/interface.md",)
 PROMPTS = re.compile(r"^(    |\t)+(pytest|python|pip|\$) ", re.M)  # an indented (unfenced) code block of commands
 CUDA_ONLY_REASONS = {"apex": "fused_layer_norm_cuda not importable", "tilelang": "compiled for sm_90, not executed"}
 
 
 # -- reading the pages --------------------------------------------------------------------------
+FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```\s*$", re.S | re.M)  # indented too (in a list item)
+
+
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
-    """(language, body) of each ``` block."""
-    return [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```\s*$", text, re.S | re.M)]
+    """(language, body) of each ``` block, a block indented in a list item dedented."""
+    return [(m.group(2), textwrap.dedent(m.group(3))) for m in FENCE.finditer(text)]
+
+
+def python_snippets() -> list[tuple[str, int, str]]:
+    """(page, line of the fence, body) of each ```python block of SNIPPET_PAGES."""
+    out = []
+    for page in SNIPPET_PAGES:
+        text = (ROOT / page).read_text()
+        out += [(page, text.count("\n", 0, m.start()) + 1, textwrap.dedent(m.group(3)))
+                for m in FENCE.finditer(text) if m.group(2) == "python"]
+    return out
 
 
 def _without_comment(line: str) -> str:
@@ -434,6 +450,21 @@ def check_all_skipped(*backends: str) -> Callable[[Ran], None]:
     return check
 
 
+def check_fused_example(ran: Ran) -> None:
+    """The in-place-only Triton plug-in passes every case it declares, each in place, and is
+    skipped on the others with the declaration that rules them out (or for having no backward)."""
+    assert_ok(ran)
+    doc = json_doc(run_folder(ran, "checks"))
+    assert {r["kernel"] for r in doc["records"]} == {"myfused.inplace"}
+    forward = [r for r in doc["records"] if r["test"] == "test_fused_against_oracle"]
+    passed = [r["case"] for r in forward if r["outcome"] == "passed"]
+    assert passed and all(c.endswith("-inplace") or "-inplace-" in c for c in passed), passed
+    assert {r["outcome"] for r in doc["records"]} <= {"passed", "skipped"}
+    for r in doc["records"]:
+        if r["outcome"] == "skipped":
+            assert r["reason"].startswith("myfused.inplace "), r["reason"]
+
+
 # -- the table ----------------------------------------------------------------------------------
 # The catalogue of a narrowed checks run: every built-in backend, four cases (a forward, a drawn
 # and a backward one among them), one process; the workers are the quick start's (as written).
@@ -550,6 +581,14 @@ DOC_ONLY.update({  # docs/backends.md, *Your own plug-in*
         FIRST_HOUR + "test_the_benchmarks_run_from_another_directory_and_skip_interpreted_timings", MINE),
     "pytest harness --backend-file examples/triton_rms_backend.py --backend mytriton --profile quick": InCI(
         "run by .ci/run itself, whole (with its own --report-dir)"),
+})
+DOC_ONLY.update({  # docs/interface.md, *Adding a backend* and *Adding a fused backend*
+    "pytest harness --backend-file examples/outside_backend.py --backend mynorm": Elsewhere(
+        "tests/test_outside_backends.py::test_backend_from_a_file_runs_like_a_builtin",
+        "narrowed to RMSNorm in bfloat16 on the quick profile, its report read"),
+    "pytest harness --backend-file examples/triton_fused_backend.py --backend myfused --profile quick": Way(
+        check_fused_example, "pytest harness --backend-file examples/triton_fused_backend.py --backend myfused "
+        "--profile quick -n 0", "in one process (the workers' start would be most of the run)"),
 })
 TABLE = {**COMMANDS, **DOC_ONLY}
 HELPERS: dict[str, Way] = {  # runs the checks above read, for no page's command
@@ -671,11 +710,13 @@ def test_every_code_block_is_commands_or_says_what_it_is():
     for page in PAGES:
         text = (ROOT / page).read_text()
         for lang, body in fenced_blocks(text):
+            if lang == "python" and page in SNIPPET_PAGES:
+                continue  # run by test_python_snippet
             if lang not in COMMAND_LANGS:
                 key = (page, lang, body.split(None, 1)[0] if body.strip() else "")
                 assert key in OTHER_BLOCKS, f"{page}: a ```{lang} block neither commands nor in OTHER_BLOCKS: {key}"
                 others.add(key)
-        outside = re.sub(r"^```.*?^```\s*$", "", text, flags=re.S | re.M)
+        outside = FENCE.sub("", text)
         assert not PROMPTS.search(outside), f"{page}: an indented block of commands: {PROMPTS.search(outside)[0]!r}"
     assert others == set(OTHER_BLOCKS)
 
@@ -690,6 +731,7 @@ def test_reading_the_blocks():
     with pytest.raises(AssertionError, match="no matrix values"):
         commands_in("yaml", "- run: t ${{ matrix.gpu }}\n")
     assert fenced_blocks("x\n```sh\np q\n```\n```\ntree\n```\n") == [("sh", "p q\n"), ("", "tree\n")]
+    assert fenced_blocks("- a list item:\n\n  ```sh\n  p q\n  ```\n") == [("sh", "p q\n")]  # indented in it
 
 
 @pytest.mark.parametrize("command", sorted(TABLE), ids=sorted(TABLE))
@@ -702,3 +744,24 @@ def test_command(command, request):
     if isinstance(way, InCI):
         return way.check(command)
     way.check(request.getfixturevalue("runs").get(command))
+
+
+# Snippets that cannot run here as written: a line of the snippet -> (what it becomes, why).
+SNIPPET_FORMS: dict[str, tuple[str, str]] = {}
+
+
+def test_every_snippet_form_is_used():
+    bodies = "\n".join(body for _, _, body in python_snippets())
+    assert python_snippets(), f"no ```python block in {SNIPPET_PAGES}"
+    assert not [line for line in SNIPPET_FORMS if line not in bodies], "a form for a line no snippet has"
+
+
+@pytest.mark.parametrize("page,line,body", python_snippets(), ids=[f"{p}:{n}" for p, n, _ in python_snippets()])
+def test_python_snippet(page, line, body):
+    """Each ```python block of SNIPPET_PAGES runs as written, in a fresh Python from the project's
+    root (its imports at its top: nothing else is defined for it), or in its stated narrower form."""
+    for written, (form, _why) in SNIPPET_FORMS.items():
+        body = body.replace(written, form)
+    proc = subprocess.run([sys.executable, "-c", body], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"{page}:{line}: exit {proc.returncode}\n{body}\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
