@@ -8,15 +8,22 @@ naming the kernel that ran and why the other did not.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
+
+import torch
 
 import impls.triton
 from impls import registry
 
 # "auto": the Triton kernel users call with batch_invariant=True where Triton runs here (on the
-# GPU compiled, on the CPU under its interpreter), else eager PyTorch.
+# GPU compiled, on the CPU under its interpreter), else eager PyTorch; for the fused ops
+# (normdiff.add_rms_norm, add_layer_norm) the project's fused Triton kernel, else eager PyTorch's
+# fused composition.
 AUTO_ORDER = ("triton.invariant", "torch.eager")
+FUSED_AUTO_ORDER = ("triton.fused", "torch.fused")
+FUSED_OPS = ("add_rms_norm", "add_layer_norm")
 
 # Why Triton's interpreter could not be turned on in this process (None: it was, or a GPU runs
 # the kernels compiled).
@@ -33,7 +40,8 @@ def kernel_for(op: str, name: str):
     with a backward; raises RuntimeError saying why not. "auto" that cannot run its first choice
     warns (once per op) with the kernel that runs instead and why."""
     registry.load_builtins()
-    names = AUTO_ORDER if name == "auto" else (name,)
+    fused = op in FUSED_OPS
+    names = (FUSED_AUTO_ORDER if fused else AUTO_ORDER) if name == "auto" else (name,)
     reasons = []
     for full in names:
         backend, _, variant = full.partition(".")
@@ -42,7 +50,7 @@ def kernel_for(op: str, name: str):
         except Exception as exc:  # noqa: BLE001 (unknown name: say so with the others)
             reasons.append(f"{full}: {exc}")
             continue
-        why = k.unavailable() or (None if k.has_backward else "no backward")
+        why = _family_mismatch(k, fused) or k.unavailable() or (None if k.has_backward else "no backward")
         if why is None:
             if reasons:
                 warnings.warn(f"normdiff.{op}(kernel={name!r}) runs {k.name} here, not {names[0]}: "
@@ -50,6 +58,25 @@ def kernel_for(op: str, name: str):
             return k
         reasons.append(f"{full}: {why}")
     raise RuntimeError(f"no {op} kernel for {name!r} runs here: " + "; ".join(reasons))
+
+
+@contextlib.contextmanager
+def autograd_inside_op():
+    """Autograd's dispatch keys back on inside a custom op's impl (which runs with them
+    excluded): the eager-PyTorch kernels' backward is torch.autograd of their forward."""
+    excluded = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.AutogradFunctionality)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded):
+        yield
+
+
+def _family_mismatch(k, fused: bool) -> str | None:
+    """Why ``k`` is not what the op calls: the plain ops call plain kernels (x, weight, bias), the
+    fused ops fused ones (x, residual, ...)."""
+    if (getattr(k, "family", "plain") == "fused") == fused:
+        return None
+    if fused:
+        return "a plain norm kernel, not a fused one"
+    return "a fused-family kernel (weight offset, fp8 output), not a plain one"
 
 
 def kernel_name(op: str = "rms_norm", kernel: str = "auto") -> str:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from impls.base import DEFAULT_EPS, NormOutputs
-from normdiff._kernels import kernel_for
+from normdiff._kernels import autograd_inside_op, kernel_for
 
 
 def _stat(x: Tensor) -> Tensor:
@@ -41,7 +41,8 @@ def _(x, weight, eps, kernel):
 @torch.library.custom_op("normdiff::rms_norm_backward", mutates_args=())
 def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, eps: float,
                        kernel: str) -> tuple[Tensor, Tensor]:
-    g = kernel_for("rms_norm", kernel).backward(x, weight, None, dy.contiguous(), NormOutputs(y=x, rstd=rstd), eps)
+    with autograd_inside_op():
+        g = kernel_for("rms_norm", kernel).backward(x, weight, None, dy.contiguous(), NormOutputs(y=x, rstd=rstd), eps)
     return g.dx, g.dw if g.dw is not None else x.new_empty((0,))
 
 
@@ -81,8 +82,9 @@ def _(x, weight, bias, eps, kernel):
 @torch.library.custom_op("normdiff::layer_norm_backward", mutates_args=())
 def _layer_norm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], mean: Tensor,
                          rstd: Tensor, eps: float, kernel: str) -> tuple[Tensor, Tensor, Tensor]:
-    g = kernel_for("layer_norm", kernel).backward(x, weight, bias, dy.contiguous(),
-                                                  NormOutputs(y=x, mean=mean, rstd=rstd), eps)
+    with autograd_inside_op():
+        g = kernel_for("layer_norm", kernel).backward(x, weight, bias, dy.contiguous(),
+                                                      NormOutputs(y=x, mean=mean, rstd=rstd), eps)
     empty = x.new_empty((0,))
     return g.dx, g.dw if g.dw is not None else empty, g.db if g.db is not None else empty
 
