@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from harness.report import memory
+from harness.report import cut_short, memory
 from harness.report.correctness import render_markdown, repro_command
 
 SCHEMA = 3  # 3: optional "compiled" (kernels compiled, maybe not run); 2: agreement in allowed errors; 1: in ulps
@@ -88,6 +88,7 @@ def merge_documents(docs: list[dict]) -> dict:
         progress={"final": ran == len(records) or all((d.get("progress") or {}).get("final", True) for d in docs),
                   "ran": ran, "collected": len(records)},
         merged_from=len(docs),
+        phases=[p for d in docs for p in d.get("phases") or ()],  # each run's own (harness.report.phases)
     )
     return merged
 
@@ -126,9 +127,14 @@ def atomic_write(path: Path, text: str | bytes) -> None:
 def write_report(doc: dict, directory: Path, stem: str = "correctness") -> tuple[Path, Path]:
     """Write <stem>.json then <stem>.md; a crash leaves the previous pair in place."""
     md_path, json_path = directory / f"{stem}.md", directory / f"{stem}.json"
+    listing = cut_short.annotate(doc, directory) if stem == "correctness" else None  # what a run cut short left
     markdown = render_markdown(doc)  # render first: a rendering error must not leave a half pair
     atomic_write(json_path, json.dumps(doc, indent=1, default=_json_default, allow_nan=True) + "\n")
     atomic_write(md_path, markdown)
+    if listing is not None:
+        atomic_write(directory / cut_short.NOT_RUN_FILE, listing)
+    elif stem == "correctness":
+        (directory / cut_short.NOT_RUN_FILE).unlink(missing_ok=True)  # a stale one of an earlier partial report
     return md_path, json_path
 
 

@@ -6,6 +6,7 @@ side by side, or compare two runs:
     python -m harness.report --compare reports/runs/A reports/runs/B   # run folders or JSON files;
                                         # exits 1 when a check that passed in A fails or errs in B
     python -m harness.report --publish reports/runs/A reports/h200    # the committed, slimmed form
+    python -m harness.report --phases reports/latest/correctness.json  # where the run's time went
 """
 import argparse
 from pathlib import Path
@@ -23,6 +24,8 @@ def main(argv=None) -> int:
     parser.add_argument("--publish", type=Path, nargs=2, metavar=("RUN", "DEST"),
                         help="copy a run's markdown and plots into DEST with its JSON slimmed and gzipped "
                              "(harness/report/publish.py)")
+    parser.add_argument("--phases", action="store_true",
+                        help="print where each report's run spent its time (harness/report/phases.py)")
     parser.add_argument("-o", "--output", type=Path, help="markdown path for one JSON (default: beside it, .md)")
     parser.add_argument("--out", type=Path, help="directory for the merged correctness.md and .json")
     args = parser.parse_args(argv)
@@ -43,6 +46,12 @@ def main(argv=None) -> int:
     if not args.json:
         parser.error("give a correctness.json, several to merge, or --compare A B")
     docs = [load_report(p) for p in args.json]
+    if args.phases:
+        from harness.report.phases import text
+
+        for path, doc in zip(args.json, docs):
+            print("\n".join([f"{path}:", *("  " + line for line in text(doc))]))
+        return 0
     if len(docs) > 1 or args.out:
         if not args.out:
             parser.error("merging several reports needs --out DIR")

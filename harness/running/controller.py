@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.running import memory
+from harness.running import clock, memory
 
 NOT_RUN = "not run: "  # prefix of a check's skip reason when it never ran (its kernel kept crashing)
 
@@ -50,6 +50,7 @@ class Controller:
 
     def pytest_configure_node(self, node):
         node.workerinput["normdiff_dir"] = str(self.dir)
+        clock.mark(self.config, node.gateway.id, "started")  # the report's phases: the worker's set-up
 
     def read(self, worker: str, suffix: str) -> str:
         try:
@@ -65,6 +66,7 @@ class Controller:
             return {}
 
     def pytest_xdist_node_collection_finished(self, node, ids):
+        clock.mark(self.config, node.gateway.id, "collected")
         path = self.dir / f"{node.gateway.id}.collection.json"
         if not self.state.collected and path.is_file():
             self.state.adopt_collection(json.loads(path.read_text()))

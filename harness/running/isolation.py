@@ -40,6 +40,9 @@ def addoption(group) -> None:
                     help="xdist workers sharing one GPU (default: the host's cores divided among its GPUs)")
     group.addoption("--shard", default=None, metavar="K/N",
                     help="run only shard K of N (1-based); a case's checks stay in one shard")
+    from harness.running import resume
+
+    resume.addoption(group)  # --resume-from, --ids-file: the other selection of whole checks
 
 
 def worker_id(config) -> str | None:
@@ -92,6 +95,7 @@ class CallWatch:
         self.worker = worker_id(config)
         self.nodeid: str | None = None
         self.item_compiles = 0  # calls of the running test that compiled first
+        self.item_compile_s = 0.0  # and the seconds they took (the report's phases)
         self.compiled: set = set()
         self.note_path = self.fault = None
         if self.worker:
@@ -123,7 +127,7 @@ class CallWatch:
             faulthandler.enable(file=self.fault)
             self._enabled = True
         self.nodeid = nodeid
-        self.item_compiles = 0
+        self.item_compiles, self.item_compile_s = 0, 0.0
         self.note(phase="test")
         self._arm(self.item_limit())
 
@@ -172,6 +176,7 @@ class CallWatch:
         phase = "compile" if compiling else "call"
         self.note(phase=phase, kernel=kernel.name, case=case.id, limit_s=limit)
         self._arm(limit)
+        began = time.perf_counter()
         try:
             yield
         except Exception:
@@ -181,6 +186,8 @@ class CallWatch:
             raise
         finally:
             self._arm(self.item_limit())
+            if compiling:  # a first call counts as compile, raised or not
+                self.item_compile_s += time.perf_counter() - began
         if compiling:
             self.compiled.add((kernel.name, key))
             self.item_compiles += 1

@@ -38,6 +38,24 @@ class Progress:
         if time.time() - self.last >= self.every:
             self.write()
 
+    def pytest_terminal_summary(self, terminalreporter):
+        """After the report is written: where the run's time went, and what a run cut short left
+        with the one command that runs only that (harness.report.phases, cut_short)."""
+        paths = getattr(self.config, "_normdiff_report", None)
+        if not paths:
+            return
+        from harness.report import cut_short, load_report, phases
+
+        try:
+            doc = load_report(paths[1])
+        except (OSError, ValueError) as exc:
+            terminalreporter.write_line(f"normdiff: the report could not be read back ({exc})")
+            return
+        for line in phases.text(doc):
+            terminalreporter.write_line(("normdiff phases: " if not line.startswith(" ") else "") + line)
+        for line in cut_short.terminal_lines(doc):
+            terminalreporter.write_line(line)
+
     def line(self) -> str:
         total = self.total()
         done, all_ = sum(self.done.values()), sum(total.values())
