@@ -39,7 +39,7 @@ def build_document(*, records, agreement, backends, selection, environment, comm
         # machine), with what the compiler reports per kernel: see correctness.render_compiled.
         "compiled": list(compiled),
         # Failed and out-of-memory checks grouped by kind and masked message (every record stays above).
-        "failure_groups": memory.groups(rows),
+        "failure_groups": memory.groups(rows, selection=selection),
     }
 
 

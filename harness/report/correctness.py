@@ -161,7 +161,7 @@ def render_failures(doc: dict, records: list[dict]) -> list[str]:
     lines += render_harness_errors(doc, errors)
     if not failures:
         lines.append("None." if not errors else "No kernel failed.")
-    lines += memory.render_groups(memory.groups(records, ("failed",)), table)
+    lines += memory.render_groups(memory.groups(records, ("failed",), doc.get("selection")), table)
     if failures:
         lines += ["", "Each failure:", "", LEGEND, ""]
     for r in failures:

@@ -41,6 +41,25 @@ def repro_command(doc: dict, rec: dict) -> str:
     return " ".join(parts)
 
 
+# The checks a standalone repro reproduces (python -m harness.repro; harness/repro/target.py).
+REPRO_TESTS = ("test_against_oracle", "test_backward", "test_fuzz", "test_fuzz_backward", "test_fused_against_oracle",
+               "test_fused_backward")
+
+
+def standalone_command(doc: dict, rec: dict) -> str | None:
+    """The command that writes the check's standalone repro file (docs/repro.md), or None for a
+    check no repro reproduces (a crash, a property check)."""
+    if rec.get("test") not in REPRO_TESTS or rec.get("failure_kind"):
+        return None
+    sel = rec.get("selection") or doc.get("selection", {})
+    parts = ["python -m harness.repro", shlex.quote(rec["nodeid"])]
+    for f in sel.get("backend_file") or ():
+        parts += ["--backend-file", shlex.quote(f)]
+    if rec.get("drawn_case"):
+        parts += ["--case", shlex.quote(rec["drawn_case"])]
+    return " ".join(parts)
+
+
 def error_table(rec: dict) -> list[str]:
     """The outputs out of tolerance, one row each; empty when none is."""
     bad = [e for e in rec.get("errors") or () if e.get("mismatched")]
@@ -67,6 +86,10 @@ def render_failure(doc: dict, r: dict, heading: str = "###") -> list[str]:
         msg = (r.get("message") or "").strip().splitlines()
         lines += ["```", *msg[-12:], "```"]
     lines += ["", "Reproduce:", "", "```", repro_command(doc, r), "```", ""]
+    standalone = standalone_command(doc, r)
+    if standalone:
+        lines += ["Standalone repro (one file, torch and the kernel's library only; add `--report` with this "
+                  "run's correctness.json for its environment and numbers):", "", "```", standalone, "```", ""]
     return lines
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from harness.report.failure import standalone_command
 from harness.report.outcomes import TOO_BIG, fmt
 
 EXAMPLES = 3
@@ -54,8 +55,10 @@ def signature(r: dict) -> tuple[str, str]:
     return "failed", mask(error.removeprefix("E").strip(), names)
 
 
-def groups(records: list[dict], outcomes=("failed", "out of memory")) -> list[dict]:
-    """Records of ``outcomes`` grouped by signature, largest group first."""
+def groups(records: list[dict], outcomes=("failed", "out of memory"), selection: dict | None = None) -> list[dict]:
+    """Records of ``outcomes`` grouped by signature, largest group first (``selection``: the run's,
+    for the plug-in files a group's standalone repro names)."""
+    run = {"selection": selection or {}}
     found: dict[tuple, dict] = {}
     for r in records:
         if r.get("outcome") not in outcomes:
@@ -67,6 +70,8 @@ def groups(records: list[dict], outcomes=("failed", "out of memory")) -> list[di
         g["kernels"].add(r.get("kernel", "-"))
         if len(g["examples"]) < EXAMPLES:
             g["examples"].append(r["nodeid"].split("::")[-1])
+        if "repro" not in g and standalone_command(run, r):
+            g["repro"] = standalone_command(run, r)  # the first reproducible check's standalone repro
     out = sorted(found.values(), key=lambda g: (-g["count"], g["kind"], g["signature"]))
     return [{**g, "kernels": sorted(g["kernels"])} for g in out]
 
@@ -75,9 +80,15 @@ def render_groups(gs: list[dict], table) -> list[str]:
     if not gs:
         return []
     lines = ["", f"Grouped by kind and message (numbers, shapes, cases and kernels masked): {len(gs)} group(s).", ""]
-    lines += table(["checks", "kind", "signature", "kernels", "examples"], [
+    repro = any(g.get("repro") for g in gs)
+    lines += table(["checks", "kind", "signature", "kernels", "examples", *(["standalone repro"] if repro else [])], [
         [g["count"], g["kind"], "`" + g["signature"].replace("|", "\\|").replace("`", "'") + "`",
-         ", ".join(g["kernels"]), "<br>".join(f"`{e}`" for e in g["examples"])] for g in gs])
+         ", ".join(g["kernels"]), "<br>".join(f"`{e}`" for e in g["examples"]),
+         *([f"`{g['repro']}`".replace("|", "\\|") if g.get("repro") else "-"] if repro else [])] for g in gs])
+    if repro:
+        lines += ["", "Each group's *standalone repro* writes one file that reproduces its first check with torch and "
+                  "the kernel's library alone; `python -m harness.repro --report RUN/correctness.json --all` writes "
+                  "every failure's into the run's folder (docs/repro.md)."]
     return lines
 
 
