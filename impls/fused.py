@@ -2,7 +2,8 @@
 ``add_layer_norm``), Gemma's ``(1 + w)`` weight (``weight_offset``) and an fp8 output with a
 per-tensor scale, behind one interface like the plain norms' (impls.base).
 
-A fused kernel is a NormKernel of the fused family (``FusedNormKernel``): its op is one of
+A fused kernel is a kernel of the fused family (``FusedNormKernel``: impls.contract's declarations
+and a call of its own): its op is one of
 ``FUSED_OPS`` (the add ops, and rms_norm or layer_norm with an offset or an fp8 output), its call
 takes the residual and the call's parameters, and it declares what the harness's oracle and guards
 must follow:
@@ -27,7 +28,8 @@ from typing import ClassVar
 
 import torch
 
-from impls.base import DEFAULT_EPS, NormKernel, UnsupportedCase
+from impls.base import DEFAULT_EPS
+from impls.contract import KernelContract, UnsupportedCase
 from impls.fused_validation import check_out_tensor as _check_out
 # The family's ops, fp8 dtypes and write conventions are defined with the validation that holds
 # calls to them; they are part of this interface.
@@ -104,7 +106,7 @@ def spec_of_fused(op: str, x2: torch.Tensor, device: str, weight, bias, residual
                      weight_offset=float(params.weight_offset), out_dtype=params.out_dtype, write=params.write)
 
 
-class FusedNormKernel(NormKernel):
+class FusedNormKernel(KernelContract):
     """Base class of the fused family. Subclasses set the declarations and write ``_forward``
     (and ``_backward`` where they have one)."""
 
@@ -290,9 +292,6 @@ class FusedNormKernel(NormKernel):
         normalised (x, or the forward's residual_out), ``saved`` holds its mean and rstd."""
         raise NotImplementedError
 
-    # The plain-norm benchmark and warm-call paths take (x, weight, bias, eps): not this family's.
-    def user_call(self, x, weight, bias, eps):
-        raise UnsupportedCase(f"{self.name} is a fused kernel: see harness/benchmarks/bench_fused.py")
 
 
 def is_fused(kernel) -> bool:

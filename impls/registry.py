@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from impls.base import NormKernel
+from impls.contract import KernelContract
 
 # Plug-ins the project ships as examples: a name that is not registered but is listed here gets
 # told how to load it.
@@ -25,19 +26,19 @@ BUILTIN_MODULES = ("impls.torch_eager", "impls.torch_compile", "impls.triton", "
                    "impls.torch_fused")
 ENTRY_POINT_GROUP = "normdiff.backends"
 
-_KERNELS: dict[tuple[str, str, str], NormKernel] = {}  # (backend, variant, op) -> kernel
+_KERNELS: dict[tuple[str, str, str, str], KernelContract] = {}  # (family, backend, variant, op) -> kernel
 _LOAD_ERRORS: dict[str, str] = {}  # source -> why it did not load
 
 
-def register(kernel: NormKernel | type[NormKernel]) -> NormKernel | type[NormKernel]:
+def register(kernel: KernelContract | type[KernelContract]) -> KernelContract | type[KernelContract]:
     """Register a kernel (instance or class, so it can be used as a class decorator). A kernel
     that does not say why its timings would mean nothing (``bench_unavailable``) gets the
     built-in Triton kernels' reason while it runs Triton under the interpreter."""
     instance = kernel() if isinstance(kernel, type) else kernel
-    key = (instance.backend, instance.variant, instance.op)
+    key = (instance.family, instance.backend, instance.variant, instance.op)
     if key in _KERNELS and type(_KERNELS[key]) is not type(instance):
-        raise ValueError(f"a kernel for {instance.op} named {instance.name} is already registered")
-    if type(instance).bench_unavailable is NormKernel.bench_unavailable:
+        raise ValueError(f"a {instance.family} kernel for {instance.op} named {instance.name} is already registered")
+    if type(instance).bench_unavailable is KernelContract.bench_unavailable:
         instance.bench_unavailable = lambda: INTERPRETED if runs_interpreted_triton(instance) else None
     _KERNELS[key] = instance
     return kernel
@@ -48,7 +49,7 @@ def register(kernel: NormKernel | type[NormKernel]) -> NormKernel | type[NormKer
 INTERPRETED = "triton runs under its interpreter on this machine: not a timing"
 
 
-def runs_interpreted_triton(kernel: NormKernel) -> bool:
+def runs_interpreted_triton(kernel: KernelContract) -> bool:
     """Whether ``kernel`` runs Triton under the interpreter: its class's module (or a base
     class's) holds an interpreted Triton kernel, or it lists triton in ``packages`` while the
     interpreter is on. Never imports triton."""
@@ -57,7 +58,7 @@ def runs_interpreted_triton(kernel: NormKernel) -> bool:
         return False
     for cls in type(kernel).__mro__:
         module = sys.modules.get(cls.__module__)
-        if cls is not NormKernel and module is not None and any(_interpreted(v) for v in vars(module).values()):
+        if cls not in (NormKernel, KernelContract) and module is not None and any(_interpreted(v) for v in vars(module).values()):
             return True
     if "triton" not in kernel.packages:
         return False
@@ -154,28 +155,35 @@ def unknown_message(unknown: list[str]) -> str:
 
 
 def backends() -> list[str]:
-    return sorted({b for b, _, _ in _KERNELS})
+    return sorted({b for _, b, _, _ in _KERNELS})
 
 
-def kernels(names: list[str] | None = None, op: str | None = None, family: str | None = "plain") -> list[NormKernel]:
-    """Registered kernels of the named backends (all when None), by backend, variant and op: the
-    plain norms' (``family`` "plain"), the fused family's ("fused", impls.fused) or both (None)."""
+def families() -> list[str]:
+    """The families of the registered kernels: "plain", "fused" and any outside family's."""
+    return sorted({f for f, _, _, _ in _KERNELS})
+
+
+def kernels(names: list[str] | None = None, op: str | None = None, family: str | None = "plain") -> list[KernelContract]:
+    """Registered kernels of the named backends (all when None), by backend, variant and op, of one
+    family: the plain norms' ("plain"), the fused ones' ("fused", impls.fused), an outside family's,
+    or every family's (None)."""
     if names is not None:
         unknown = sorted(set(names) - set(backends()))
         if unknown:
             raise UnknownBackend(unknown_message(unknown))
     return [
         k
-        for (b, v, o), k in sorted(_KERNELS.items())
-        if (names is None or b in names) and (op is None or o == op)
-        and (family is None or getattr(k, "family", "plain") == family)
+        for (f, b, v, o), k in sorted(_KERNELS.items(), key=lambda item: item[0][1:] + item[0][:1])
+        if (names is None or b in names) and (op is None or o == op) and (family is None or f == family)
     ]
 
 
-def get(op: str, backend: str, variant: str | None = None) -> NormKernel:
-    found = [k for k in kernels([backend], op, family=None) if variant is None or k.variant == variant]
+def get(op: str, backend: str, variant: str | None = None, family: str | None = None) -> KernelContract:
+    """The kernel of ``op`` named ``backend.variant`` (the first variant where None), of ``family``
+    (any where None: the name tells the families apart)."""
+    found = [k for k in kernels([backend], op, family=family) if variant is None or k.variant == variant]
     if not found:
-        valid = ", ".join(k.variant for k in kernels([backend], op, family=None)) or "none"
+        valid = ", ".join(k.variant for k in kernels([backend], op, family=family)) or "none"
         raise KeyError(f"no {op} kernel {backend}.{variant or '*'}; {backend}'s {op} variants: {valid}")
     return found[0]
 
@@ -186,5 +194,5 @@ def load_errors() -> dict[str, str]:
 
 def unregister(backend: str) -> None:
     """Remove a backend (used by the framework's own tests)."""
-    for key in [k for k in _KERNELS if k[0] == backend]:
+    for key in [k for k in _KERNELS if k[1] == backend]:
         del _KERNELS[key]

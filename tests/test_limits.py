@@ -22,9 +22,10 @@ KERNEL_DECORATORS = re.compile(r"(^|\.)(jit|prim_func|macro)$")
 HEX_WORD = re.compile(r"\b[0-9a-f]{7,40}\b")
 ISO_DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 # The call path's owner (impls.callpath), the contract's call that reads it, and the entry points
-# that skip a frame (impls.triton) are the only code that reaches a kernel's call-path caches.
-CALL_PATH_READERS = {"impls/base.py", "impls/callpath.py", "impls/triton/__init__.py"}
-CONTRACT_MODULES = ("impls.base", "impls.inputs")
+# that skip a frame (impls.triton's, in its dispatch) are the only code that reaches a kernel's
+# call-path caches.
+CALL_PATH_READERS = {"impls/base.py", "impls/callpath.py", "impls/triton/dispatch.py"}
+CONTRACT_MODULES = ("impls.contract", "impls.base", "impls.inputs")
 LAYER_MODULES = ("impls.base", "impls.callpath", "impls.fastpath", "impls.native", "impls.registry")
 
 

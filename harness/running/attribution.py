@@ -1,6 +1,6 @@
 """Whose fault a check's exception is. The rule, in one place (docs/ARCHITECTURE.md states it too):
 
-- raised inside the kernel's own call (any frame of a ``NormKernel`` method: its validation, its
+- raised inside the kernel's own call (any frame of a kernel's method (``impls.contract.KernelContract``, any family): its validation, its
   launch, the library it calls), the exception is the **kernel's** failure;
 - a **verdict** (``AssertionError`` or ``pytest.fail``: a check judged the kernel's outputs or
   behaviour) is the kernel's failure;
@@ -34,12 +34,12 @@ def _chain(exc: BaseException):
 
 
 def _in_kernel(frame) -> bool:
-    base = sys.modules.get("impls.base")  # not imported here: the report reads outcomes without torch
-    if base is None:
+    contract = sys.modules.get("impls.contract")  # not imported here: the report reads outcomes without torch
+    if contract is None:
         return False
-    NormKernel = base.NormKernel  # noqa: N806
+    kernel = contract.KernelContract
     owner = frame.f_locals.get("self", frame.f_locals.get("cls"))
-    return isinstance(owner, NormKernel) or (isinstance(owner, type) and issubclass(owner, NormKernel))
+    return isinstance(owner, kernel) or (isinstance(owner, type) and issubclass(owner, kernel))
 
 
 def raised_in_kernel(exc: BaseException) -> bool:

@@ -16,7 +16,7 @@ from harness.judging.cases import Case
 from harness.running.controller import NOT_RUN
 from harness.running.run import is_benchmark_run, write_partial
 from harness.judging.runner import device_for
-from impls.base import NormKernel
+from impls.contract import KernelContract
 
 
 def collect_records(state, items) -> None:
@@ -29,7 +29,7 @@ def collect_records(state, items) -> None:
         case = kernel = None
         for value in (params.params.values() if params else ()):
             for v in value if isinstance(value, tuple) else (value,):
-                if isinstance(v, NormKernel):
+                if isinstance(v, KernelContract):
                     kernel = v
                 elif isinstance(v, Case):
                     case = v
