@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from impls.base import NormGrads, NormKernel, NormOutputs
 from impls.registry import register
+from impls.repro_calls import TORCH_LAYER, TORCH_RMS
 
 
 class _TorchEager(NormKernel):
@@ -24,6 +25,7 @@ class _TorchEager(NormKernel):
 
 @register
 class TorchRMSNorm(_TorchEager):
+    repro_call = staticmethod(lambda: TORCH_RMS)  # the same operators, called standalone
     op = "rms_norm"
     outputs = ("y", "rstd")
     requires_torch_ops = ("_fused_rms_norm",)  # PyTorch added it in 2025; older torch lacks it
@@ -57,6 +59,7 @@ class TorchRMSNorm(_TorchEager):
 
 @register
 class TorchLayerNorm(_TorchEager):
+    repro_call = staticmethod(lambda: TORCH_LAYER)
     op = "layer_norm"
     outputs = ("y", "mean", "rstd")
 

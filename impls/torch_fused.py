@@ -7,6 +7,7 @@ import torch
 
 from impls.fused import BASE_OP, FP8_DTYPES, FusedGrads, FusedNormKernel, FusedOutputs, FusedParams, fp8_max
 from impls.registry import register
+from impls.repro_calls import through_normdiff
 
 
 def quantize_fp8(y: torch.Tensor, params: FusedParams, convention: str = "divide") -> torch.Tensor:
@@ -38,6 +39,7 @@ def normalize(op: str, src: torch.Tensor, weight, bias, eps: float, weight_offse
 class _TorchFused(FusedNormKernel):
     backend = "torch"
     variant = "fused"
+    repro_call = through_normdiff  # a repro calls normdiff's own kernel through normdiff (impls.repro_calls)
     writes = ("new", "in_place", "out_y")
     weight_offsets = (0.0, 1.0)
     residual_dtypes = ("same", "float32")

@@ -17,6 +17,7 @@ import torch
 from impls import fastpath
 from impls.base import DEFAULT_EPS, NormKernel, cuda_present
 from impls.gpu_limits import cdiv, next_pow2
+from impls.repro_calls import through_normdiff
 from impls.triton import settings
 from impls.triton._fast import lean_plan
 from impls.triton.backward import TritonBackward
@@ -99,6 +100,7 @@ class Launch:
 class TritonKernel(TritonBackward, NormKernel):
     backend = "triton"
     project = True
+    repro_call = through_normdiff  # a repro calls normdiff's own kernel through normdiff (impls.repro_calls)
     packages = ("triton",)
     devices = DEVICES
     kernel_module = None  # where launch() finds kernels by name: impls.triton._kernels, or a probe's candidates

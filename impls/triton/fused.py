@@ -24,6 +24,7 @@ import torch
 from impls.fused import ADD_OPS, BASE_OP, FP8_DTYPES, FusedGrads, FusedNormKernel, FusedOutputs, FusedParams, fp8_max
 from impls.gpu_limits import cdiv, next_pow2
 from impls.registry import register
+from impls.repro_calls import through_normdiff
 from impls.triton import _launch
 from impls.triton.settings import REDUCE_WARPS, LaunchConfig, backward_config, launch_config
 
@@ -49,6 +50,7 @@ class _TritonFused(FusedNormKernel):
     backend = "triton"
     variant = "fused"
     project = True
+    repro_call = through_normdiff  # a repro calls normdiff's own kernel through normdiff (impls.repro_calls)
     packages = ("triton",)
     devices = _launch.DEVICES
     residual_dtypes = ("same", "float32")
