@@ -20,7 +20,9 @@ use_interpreter()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from impls.base import NormKernel, cuda_present  # noqa: E402
+import inspect  # noqa: E402
+
+from impls.base import NormKernel, ReproCall, cuda_present  # noqa: E402
 from impls.registry import register  # noqa: E402
 
 
@@ -75,3 +77,20 @@ class MyTritonRMSNorm(NormKernel):
             HAS_WEIGHT=weight is not None, BLOCK_N=triton.next_power_of_2(n),
             ROUND_BF16=INTERPRETED and x.dtype == torch.bfloat16,
         )
+
+    def repro_call(self):
+        """A standalone repro (python -m harness.repro) holds this file's kernel and calls it as above."""
+        source = inspect.getsource(getattr(_rms_norm_row, "fn", _rms_norm_row))
+        return ReproCall(imports="import triton\nimport triton.language as tl",
+                         source=source + "\n\nINTERPRETED = type(_rms_norm_row).__name__ == 'InterpretedFunction'",
+                         forward=REPRO_FORWARD)
+
+
+REPRO_FORWARD = """
+m, n = x.shape
+_rms_norm_row[(m,)](
+    x, weight if weight is not None else x, out.y, out.rstd, n, x.stride(0), out.y.stride(0), eps,
+    HAS_WEIGHT=weight is not None, BLOCK_N=triton.next_power_of_2(n),
+    ROUND_BF16=INTERPRETED and x.dtype == torch.bfloat16,
+)
+"""

@@ -97,3 +97,26 @@ def test_a_kernel_without_a_declared_call_imports_its_plug_in_and_says_so(tmp_pa
     path.write_text(text)
     got = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)
     assert got.returncode == 1 and got.stdout.splitlines()[:-1] == _lines(runner.check(target.kernel, target.case))
+
+
+def test_the_first_hour_s_planted_bug_gives_a_repro_with_the_triton_kernel_inline(tmp_path, bare_python):
+    """README's first hour: the Triton example with its sum divided by BLOCK_N, under the interpreter."""
+    from impls import registry
+
+    mine = tmp_path / "my_rms.py"
+    source = (Path(__file__).parents[1] / "examples" / "triton_rms_backend.py").read_text()
+    planted = source.replace("tl.sum(x * x, axis=0) / N + eps", "tl.sum(x * x, axis=0) / BLOCK_N + eps")
+    assert planted != source
+    mine.write_text(planted)
+    registry.unregister("mytriton")
+    try:
+        target = resolve("rms_norm-bfloat16-3x1000-normal-mytriton.rowwise", [str(mine)])
+        path = tmp_path / "repro.py"
+        path.write_text(generate(target, path.name))
+        result = runner.check(target.kernel, target.case)
+    finally:
+        registry.unregister("mytriton")
+    assert "/ BLOCK_N + eps" in path.read_text()
+    got = bare_python(path)
+    assert got.returncode == 1, got.stderr
+    assert got.stdout.splitlines()[:-1] == _lines(result)
