@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from harness.report.outcomes import fmt
+
 MIB = 2**20
 # Per element judged at once, the float64 temporaries a comparison holds together
 # (harness.judging.compare.compare: o, err, u, allowed, ratio, score and where()'s results).
@@ -30,6 +32,8 @@ SMALL_TESTS = ("test_rejects_bad_input", "test_empty_batch_returns_empty_outputs
                "test_output_shapes_follow_input", "test_compiles_offline")
 PROPERTY_TESTS = ("test_deterministic", "test_batch_invariant", "test_backward_deterministic",
                   "test_backward_batch_invariant")
+FUSED_PROPERTY_TESTS = ("test_fused_deterministic", "test_fused_batch_invariant", "test_fused_backward_deterministic",
+                        "test_fused_backward_batch_invariant")
 
 ESTIMATE_DOC = """\
 E = rows x N elements, S = rows x (N + pad) stored, B = the dtype's bytes, R = rows, C = the
@@ -55,8 +59,16 @@ its own, float32 copies of x). Every check: + 32 MiB (what a worker holds beyond
                  float64 at most) + 16*N, + S*B (x's copy; backward dy's too) where rows are padded
   held           a property check on a case the oracle checks also run (a catalogue case) may
                  follow them in its worker, their cache still held: + the cache with every
-                 kernel of the op (the check's included) kept
+                 kernel of the op (the check's included) kept. This and the oracle check's
+                 cache are the worst case, for what is decided before a run (--min-check-memory,
+                 the peaks data); admission counts the cache as the worker holds it (as_held):
+                 H = the bytes its caches hold when the check is admitted; a property check + H
+                 (it adds nothing to them), an oracle check + min(the worst case, H + the
+                 cache of a first kernel on the case), any other check + H
   drawn cases    the oracle check of the largest draw (FUZZ_SHAPE + FUZZ_PAD, float32), no peers
+  fused          properties as the plain ones, with x's and residual's buffers three times and a
+                 catalogue case's oracle cache held; drawn cases the fused oracle check of the
+                 largest draw (as the plain draws, with a float32 residual)
   small checks   16 MiB + the kernel's workspace at 4 x 64
 """
 
@@ -67,8 +79,6 @@ class Estimate:
     parts: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
-        from harness.running.memory import fmt
-
         return ", ".join(f"{k} {fmt(v)}" for k, v in self.parts.items() if v)
 
 
@@ -101,6 +111,12 @@ def check_estimate(test: str, case, kernel, peers=(), device: str = "cuda") -> E
         drawn = Case(kernel.op, "float32", FUZZ_SHAPE, row_pad=FUZZ_PAD,
                      dy_dist="normal" if test == "test_fuzz_backward" else None)
         parts.update(_oracle_check(test == "test_fuzz_backward", drawn, kernel, (), device))
+    elif test == "test_fused_fuzz":
+        from harness.judging.fused_cases import FusedCase
+
+        parts.update(_fused_check(False, FusedCase(kernel.op, "float32", FUZZ_SHAPE, row_pad=FUZZ_PAD), kernel, device))
+    elif test in FUSED_PROPERTY_TESTS and case is not None:
+        parts.update(_fused_property_check(test, case, kernel, device))
     elif test.startswith("test_fused") and case is not None:
         parts.update(_fused_check(test == "test_fused_backward", case, kernel, device))
     elif case is None or test in SMALL_TESTS:
@@ -149,6 +165,31 @@ def _fused_check(backward: bool, case, kernel, device: str) -> dict[str, int]:
              "work": COMPARE_F64 * 8 * e}
     if backward:
         parts["backward"] = 3 * e * (b + rb) + 2 * (buffers + e * (b + rb)) + 10 * 8 * e
+    return parts
+
+
+def _fused_property_check(test: str, case, kernel, device: str) -> dict[str, int]:
+    """harness/test_fused_properties.py (harness.judging.fused_properties): x's and residual's
+    buffers, the case's and a fresh copy per call; two calls' outputs (backward: the saved forward
+    and two calls' gradients, dy and residual_out's gradient); the bit comparison; batch
+    invariance's batches, as the plain check's; a catalogue case may follow its oracle checks in
+    its worker, their cache (the inputs, the float64 oracle) still held."""
+    b, n, r, e, s = _sizes(case)
+    rb = case.residual_torch_dtype.itemsize if case.residual_torch_dtype else 0
+    buffers = s * (b + rb) + 1024
+    made = e * ((1 if case.out_dtype else b) + max(rb, 4)) + 8 * r  # y, residual_out, the statistics
+    backward = "backward" in test
+    parts = {"inputs": 3 * buffers + 4 * n * b, "outputs": (3 if backward else 2) * made,
+             "compare": max(workspace_bytes(kernel, case, device), BITS_BYTES_PER_ELEMENT * e)}
+    if backward:
+        parts["backward"] = 3 * e * (b + rb) + 4 * n * b
+    if test.endswith("batch_invariant"):
+        from harness.judging.properties import BATCH_SIZES
+
+        parts["batches"] = 4 * max(BATCH_SIZES + tuple(kernel.m_thresholds(case.spec(device)))) * n * 8 + 2 * 8 * n
+        parts["copy"] = s * (b + rb) * (2 if backward else 1) if case.row_pad else 0
+    else:
+        parts["held"] = buffers + 3 * 8 * e
     return parts
 
 
@@ -203,6 +244,23 @@ def held_bytes(backward: bool, case, kept_from, device: str = "cuda", judged=())
     else:  # the agreement's allowances: y's, and the statistics' per statistics dtype
         held += 8 * e + stats * 16 * r
     return held + sum(_kept_by(k, case, _outputs(case), backward) for k in kept_from)
+
+
+def as_held(est: Estimate, test: str, case, kernel, cached: int, device: str = "cuda") -> Estimate:
+    """``est`` with its cache counted as the worker holds it when the check is admitted: ``cached``,
+    the bytes its caches hold then (memory_watch.cache_bytes), in place of the worst case (the
+    cache with every kernel of the op kept, whether or not this worker ran them). A property check
+    adds nothing to the caches; an oracle check adds at most what a first kernel's check of the
+    case leaves there (the inputs, the oracle, one statistics dtype's allowances: its own kept
+    outputs are its "outputs" part); every other check adds nothing either (ESTIMATE_DOC, held)."""
+    parts = dict(est.parts)
+    worst = parts.pop("held", 0)
+    if "held" in est.parts and test not in PROPERTY_TESTS:
+        first = held_bytes(test.startswith("test_backward"), case, (), device, judged=(kernel,))
+        parts["held"] = min(worst, cached + first)
+    else:
+        parts["held"] = cached
+    return Estimate(sum(parts.values()), parts)
 
 
 def _adds_to_y(kernel, case) -> bool:

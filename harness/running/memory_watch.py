@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.running import devmem, ledger, memory
+from harness.running import devmem, estimate, ledger, memory
 from harness.running.isolation import first_line
 from harness.running.memory import OOM, TOO_BIG, fmt
 
@@ -136,9 +136,9 @@ class MemoryWatch:
             return None
         return rec, kernel, self.state.case_index.get(rec.get("case")), self.state.device_for(kernel)
 
-    def estimate(self, rec, kernel, case) -> memory.Estimate:
+    def estimate(self, rec, kernel, case) -> estimate.Estimate:
         peers = [k for k in self.state.kernels if k.op == kernel.op and k is not kernel]
-        return memory.check_estimate(rec["test"], case, kernel, peers=peers)
+        return estimate.check_estimate(rec["test"], case, kernel, peers=peers)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):
@@ -153,10 +153,11 @@ class MemoryWatch:
         fields: dict = {}
         if gpu:
             self._setup(card)
-            fields.update(mem_estimate=est.total, mem_budget=self.budget)
-            if est.total + memory.CONTEXT_BYTES > self.budget:
+            clean = estimate.as_held(est, rec["test"], case, kernel, 0)  # in a worker that holds no cache
+            fields.update(mem_estimate=clean.total, mem_budget=self.budget)
+            if clean.total + memory.CONTEXT_BYTES > self.budget:
                 self._record(pyfuncitem, fields)
-                pytest.skip(f"{TOO_BIG}the check needs about {fmt(est.total)} ({est.describe()}), more than this "
+                pytest.skip(f"{TOO_BIG}the check needs about {fmt(clean.total)} ({clean.describe()}), more than this "
                             f"GPU's budget of {fmt(self.budget)}{' (--gpu-memory)' if self.asked else ''}")
         events: list[dict] = []
         waited = 0.0
@@ -164,7 +165,10 @@ class MemoryWatch:
         attempts = ["alone"] if self._must_run_alone(pyfuncitem.nodeid) else ["first try", "alone"]
         try:
             for attempt in attempts:
-                waited += self._admit(est.total, attempt == "alone", gpu)
+                if gpu:  # what the worker holds now: the cache of this case, or none
+                    need = self._need(est, rec, kernel, case)
+                    fields["mem_estimate"] = need.total
+                waited += self._admit(fields.get("mem_estimate", est.total), attempt == "alone", gpu)
                 self._start(gpu)
                 try:
                     _call(pyfuncitem)
@@ -188,6 +192,15 @@ class MemoryWatch:
             if self.ledger is not None:
                 self.ledger.done(self._held())
         return True
+
+    def _need(self, est, rec, kernel, case) -> estimate.Estimate:
+        """The check's estimate with the cache its worker holds now (estimate.as_held); one that
+        would not fit beside that cache drops it first (it fits without: checked up front)."""
+        need = estimate.as_held(est, rec["test"], case, kernel, cache_bytes(self.card))
+        if need.total + memory.CONTEXT_BYTES > self.budget and need.parts.get("held"):
+            self._free_all(True)
+            need = estimate.as_held(est, rec["test"], case, kernel, cache_bytes(self.card))
+        return need
 
     def _start(self, gpu: bool) -> None:
         if gpu:
@@ -351,7 +364,7 @@ def deselect_below(state, items) -> None:
         if kernel is None:
             return True
         peers = [k for k in state.kernels if k.op == kernel.op and k is not kernel]
-        return memory.check_estimate(rec["test"], cases.get(rec.get("case")), kernel, peers=peers).total < floor
+        return estimate.check_estimate(rec["test"], cases.get(rec.get("case")), kernel, peers=peers).total < floor
 
     marked = {i.nodeid: below(i) for i in items}
     drop = [i for i in items if marked[i.nodeid]]
