@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, seed, settings
 from hypothesis import strategies as st
 
-from harness.judging import runner
+from harness.judging import known_issues, runner
 from harness.plugin import record
 from harness.judging.cases import AFFINE, DTYPES, Case
 
@@ -63,7 +63,7 @@ def _fuzz(kernel, harness_state, request, backward: bool):
     def check(case):
         # A declared known issue is the catalogue's to report (counted apart there), not a draw's:
         # forward and backward alike (a peer that cannot compile a shape class fails its draws too).
-        assume(not kernel.known_issue(case.id, device))
+        assume(not known_issues.known_issue(kernel, case, device))
         result = (runner.check_backward if backward else runner.check)(kernel, case, watch=harness_state.watch)
         assume(result.skipped is None)  # outside this kernel's range: the catalogue reports those
         if not result.ok:

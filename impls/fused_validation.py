@@ -1,6 +1,7 @@
 """The fused call's validation (impls.fused): everything about a call that does not depend on the
 kernel, refused with NormInputError naming the problem before any backend code runs; and whether
-x and residual overlap in memory (adjacent views of one buffer are fine, overlapping ones not)."""
+x and residual overlap in memory (adjacent views of one buffer are fine, overlapping ones not).
+The family's ops, fp8 dtypes and write conventions are defined here (impls.fused re-exports them)."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,16 @@ import math
 import torch
 
 from impls.inputs import SUPPORTED_DTYPES, NormInputError, dtype_name, rows_view, validate_inputs
+
+ADD_OPS: tuple[str, ...] = ("add_rms_norm", "add_layer_norm")
+# The plain norm each op normalises with.
+BASE_OP = {"add_rms_norm": "rms_norm", "add_layer_norm": "layer_norm", "rms_norm": "rms_norm",
+           "layer_norm": "layer_norm"}
+FUSED_OPS: tuple[str, ...] = ADD_OPS + ("rms_norm", "layer_norm")
+FP8_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
+# new: fresh y and residual_out; in_place: y into x, residual_out into residual; out_y: y into the
+# caller's buffer (``out.y``), residual_out into residual. x and residual not written are unchanged.
+WRITES: tuple[str, ...] = ("new", "in_place", "out_y")
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -72,8 +83,6 @@ def _byte_offsets(t: torch.Tensor) -> torch.Tensor:
 def validate_fused(op: str, x, residual, weight, bias, eps, params) -> None:
     """Everything about a fused call that does not depend on the kernel; NormInputError names
     what is wrong."""
-    from impls.fused import ADD_OPS, BASE_OP, FP8_DTYPES, FUSED_OPS, WRITES
-
     if op not in FUSED_OPS:
         raise NormInputError(f"unknown fused op {op!r}; expected one of {FUSED_OPS}")
     validate_inputs(BASE_OP[op], x, weight, bias, eps)

@@ -140,14 +140,13 @@ KNOWN = textwrap.dedent('''
 
     class Declared(IgnoresWeight):
         """Declares one case it fails (weight ignored) and one it passes (no weight)."""
-        ISSUES = {"rms_norm-bfloat16-7x1000-normal-weightonly": "ignores its weight",
-                  "rms_norm-bfloat16-7x1000-normal-noaffine": "declared, but this case passes"}
+        ISSUES = {"weight": "ignores its weight", "none": "declared, but this case passes"}  # by affine
 
-        def known_issue(self, case_id, device):
-            return self.ISSUES.get(case_id)
+        def known_issue(self, case, device, inputs=None):
+            return self.ISSUES.get(case.affine)
 
-        def known_issue_may_pass(self, case_id, device):
-            return MAY_PASS and case_id in self.ISSUES
+        def known_issue_may_pass(self, case, device, inputs=None):
+            return MAY_PASS and case.affine in self.ISSUES
 
     register(Declared("rms_norm"))
 ''')

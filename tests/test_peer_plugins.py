@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from harness.judging import runner
-from harness.judging.cases import Case
+from harness.judging.cases import Case, case_from_id
 from harness.judging.inputs import make_inputs
 from impls import registry
 from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport
@@ -161,10 +161,10 @@ def test_quack_declared_limits(monkeypatch):
     # 16-bit rows of odd N: the default variant's known issue, refused by the tuned one.
     for dtype in ("float16", "bfloat16"):
         for k in (rms, ln):
-            assert "odd N" in k.known_issue(f"{k.op}-{dtype}-17x4097-normal", "cuda")
-            assert k.known_issue(f"{k.op}-{dtype}-2x3x4000-normal-dynormal", "cuda") is None
+            assert "odd N" in k.known_issue(case_from_id(f"{k.op}-{dtype}-17x4097-normal"), "cuda")
+            assert k.known_issue(case_from_id(f"{k.op}-{dtype}-2x3x4000-normal-dynormal"), "cuda") is None
         assert "odd N" in tuned.unsupported(spec(n=7, dtype=getattr(torch, dtype)))
-    assert rms.known_issue("rms_norm-float32-17x4097-normal", "cuda") is None
+    assert rms.known_issue(case_from_id("rms_norm-float32-17x4097-normal"), "cuda") is None
     assert tuned.unsupported(spec(n=7, dtype=torch.float32)) is None
 
 
@@ -214,17 +214,18 @@ def test_quack_tuned_findings_and_its_autotuning_cap(monkeypatch):
     assert len(menu) == 75 and len(near) == module.AUTOTUNE_MAX_CONFIGS == 16
     assert near[0] == pick and {c.cluster_n for c in near[:15]} == {8} and near[15].cluster_n in (4, 16)
     # N < 64: strictly declared, on every dtype the tuned variant runs; not for the default variant.
-    for case in ("rms_norm-float32-3x1-normal", "rms_norm-bfloat16-3x32-normal", "rms_norm-float32-3x63-normal"):
+    for case_id in ("rms_norm-float32-3x1-normal", "rms_norm-bfloat16-3x32-normal", "rms_norm-float32-3x63-normal"):
+        case = case_from_id(case_id)
         assert "prunes every config" in tuned.known_issue(case, "cuda") and not tuned.known_issue_may_pass(case, "cuda")
         assert tuned.known_issue(case, "cpu") is None and rms.known_issue(case, "cuda") is None
-    assert tuned.known_issue("rms_norm-bfloat16-3x7-normal", "cuda") is None  # odd 16-bit: refused instead
+    assert tuned.known_issue(case_from_id("rms_norm-bfloat16-3x7-normal"), "cuda") is None  # odd 16-bit: refused instead
     # Beyond the shared memory: with the stand-in's pick (cluster 8) float32 N = 32764 benches at most
     # 4 rows x 4096 x 4 bytes, inside; at N = 262144, 4 x 32768 x 4 is not (256 threads, 64 per row).
-    assert tuned.known_issue("rms_norm-bfloat16-3x64-normal", "cuda") is None
-    assert tuned.known_issue("rms_norm-float32-1x32764-constant-noaffine", "cuda") is None
-    over = tuned.known_issue("rms_norm-float32-2x262144-normal", "cuda")
+    assert tuned.known_issue(case_from_id("rms_norm-bfloat16-3x64-normal"), "cuda") is None
+    assert tuned.known_issue(case_from_id("rms_norm-float32-1x32764-constant-noaffine"), "cuda") is None
+    over = tuned.known_issue(case_from_id("rms_norm-float32-2x262144-normal"), "cuda")
     assert "exceeds sm_90's 232448 bytes (up to 524288 bytes)" in over
-    assert tuned.known_issue_may_pass("rms_norm-float32-2x262144-normal", "cuda")
+    assert tuned.known_issue_may_pass(case_from_id("rms_norm-float32-2x262144-normal"), "cuda")
     # The cap set on QuACK's Autotuner (its perf_model and top_k) by the first call.
     x = torch.randn(4, 256, dtype=torch.bfloat16)
     tuned._call(x, torch.ones(256, dtype=x.dtype), None, 1e-6)
@@ -470,7 +471,7 @@ def test_each_declared_limit_on_the_gpu(backend, variant, inside, outside, reaso
     result = runner.check(k, inside)
     assert result.skipped is None and result.ok, result.failure_message()
     if reason.startswith("known issue: "):
-        assert k.known_issue(outside.id, "cuda") and k.unsupported(outside.spec("cuda")) is None
+        assert k.known_issue(outside, "cuda") and k.unsupported(outside.spec("cuda")) is None
         with pytest.raises(Exception, match=reason.removeprefix("known issue: ")):
             runner.check(k, outside)
         return

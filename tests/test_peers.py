@@ -91,14 +91,14 @@ def test_quick_cpu_share_samples_cases_by_seed_and_keeps_known_issues(monkeypatc
     cases = [c for c in catalogue("quick") if c.op == "rms_norm"]
     quick, full = (HarnessState(kernels=[kernel], cases=cases, profile=p, selection={}) for p in ("quick", "full"))
     kept = [c for c in cases if quick.left_out(kernel, c) is None]
-    assert kept == [c for c in cases if quick_cpu_kept(c, kernel.quick_cpu_every) or kernel.known_issue(c.id, "cpu")]
+    assert kept == [c for c in cases if quick_cpu_kept(c, kernel.quick_cpu_every) or kernel.known_issue(c, "cpu")]
     det = properties.determinism_cases(cases, "quick")  # a seed sample of its own: not the same third
     assert 0 < sum(quick_cpu_kept(c, kernel.quick_cpu_every) for c in det) < len(det)
     assert 0.2 < len(kept) / len(cases) < 0.5
     assert "checks one case in 3" in quick.left_out(kernel, next(c for c in cases if c not in kept))
     assert all(full.left_out(kernel, c) is None and quick.left_out(plain, c) is None for c in cases)
     dropped = next(c for c in cases if c not in kept)
-    monkeypatch.setattr(type(kernel), "known_issue", lambda self, case_id, device: "x" if case_id == dropped.id else None)
+    monkeypatch.setattr(type(kernel), "known_issue", lambda self, case, device, inputs=None: "x" if case == dropped else None)
     assert quick.left_out(kernel, dropped) is None
 
 

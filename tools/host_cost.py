@@ -119,7 +119,7 @@ def native_breakdown(tools, dtype) -> list[dict]:
             for _ in range(3):
                 entry()
             torch.cuda.synchronize()
-            k = api._ENTRY[(op, False)]
+            k = api.dispatch._ENTRY[(op, False)]
             table = callpath.native_table(k)
             if table is None:
                 rows.append({"op": op, "m": m, "n": n, "error": f"no native table: {native.refusals().get(k.name, native.status())}"})

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.judging import shapes
+from harness.judging import known_issues, shapes
 from harness.judging.cases import Case
 from harness.judging.inputs import make_dy, make_inputs
 from impls import callpath
@@ -74,7 +74,7 @@ def judging(kernel: NormKernel, case: Case, device: str):
     except UnsupportedCase as exc:
         pytest.skip(f"{kernel.name} cannot run {case.id}: {exc}")
     except Exception as exc:
-        issue = None if isinstance(exc, torch.OutOfMemoryError) else kernel.known_issue(case.id, device)
+        issue = None if isinstance(exc, torch.OutOfMemoryError) else known_issues.known_issue(kernel, case, device)
         if not issue:
             raise
         first = (str(exc).strip().splitlines() or [""])[0][:200]

@@ -23,11 +23,24 @@ import json
 import os
 from pathlib import Path
 
-from harness.running.ledger import pid_alive
-from harness.running.memory import CONTEXT_BYTES, fmt
+from harness.report.outcomes import fmt
 
 SIMULATE_ENV = "NORMDIFF_SIMULATE_GPU"  # "BYTES:FILE": the simulated card's size and its processes' file
 BLOCK = 512  # the caching allocator rounds every block up to this
+# A worker's CUDA context, library handles and loaded modules: memory outside the caching
+# allocator that each process on a GPU holds.
+CONTEXT_BYTES = 640 * 2**20
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 class RealCard:

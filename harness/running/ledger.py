@@ -18,24 +18,13 @@ import os
 import time
 from pathlib import Path
 
-from harness.running.memory import CONTEXT_BYTES
+from harness.running.devmem import CONTEXT_BYTES, pid_alive
 
 POLL_S = 0.05
 
 
 class LedgerError(RuntimeError):
     """The ledger file is missing or not a whole ledger: the harness's fault, not a kernel's."""
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (one of another user counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def ledger_path(directory: Path, gpu: str) -> Path:

@@ -25,11 +25,10 @@ import sys
 from pathlib import Path
 
 from harness.report.outcomes import OOM, TOO_BIG, fmt  # noqa: F401 (the memory layer's words, the report's too)
+from harness.running import devmem
+from harness.running.devmem import CONTEXT_BYTES
 
 MIB, GIB = 2**20, 2**30
-# A worker's CUDA context, library handles and loaded modules: memory outside the caching
-# allocator that each process on a GPU holds.
-CONTEXT_BYTES = 640 * MIB
 # Left out of the default budget: compile caches, the allocator's rounding and fragmentation.
 RESERVE_FRACTION, RESERVE_MIN = 0.05, 1 * GIB
 # A GPU worker needs at least this much of the budget besides its context (the worker count).
@@ -52,11 +51,6 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise ValueError(f"a memory size must be positive: {text!r}")
     return value
-
-
-
-# -- the estimate: harness.running.estimate (re-exported here for memory_watch and the tests) -------------
-from harness.running.estimate import ESTIMATE_DOC, Estimate, check_estimate, workspace_bytes  # noqa: E402,F401
 
 
 # -- out of memory ------------------------------------------------------------------------------
@@ -104,8 +98,6 @@ def measure_gpus(tokens: list[str]) -> dict[str, tuple[int, int]]:
     if fake:
         free, total = (parse_size(v) for v in fake.split(","))
         return {t: (free, total) for t in tokens}
-    from harness.running import devmem
-
     card = devmem.simulated()
     if card is not None:
         return {t: card.mem_get_info() for t in tokens}

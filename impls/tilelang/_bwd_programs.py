@@ -21,7 +21,7 @@ work.
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
 import tilelang.language as T
 
-from impls.tilelang._programs import F32, _row_layout, _signature_sizes
+from impls.tilelang._program_parts import F32, _row_layout, _signature_sizes
 
 
 def norm_bwd(plan):

@@ -5,7 +5,7 @@ block's segment. Each returns a T.macro (or a value) built for one plan."""
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
 import tilelang.language as T
 
-from impls.tilelang._programs import F32
+from impls.tilelang._program_parts import F32
 from impls.tilelang.plan import Plan
 
 # st.async of one float32 into the same slot of cluster peer ``cta``, completing ``4`` bytes on

@@ -22,7 +22,7 @@ rstd's shape; every global access guarded by its own condition; float32 compute.
 import tilelang.language as T
 
 from impls.tilelang import _programs
-from impls.tilelang._programs import F32, _row_layout
+from impls.tilelang._program_parts import F32, _row_layout
 
 FUSED_VARIANT = "fused"
 

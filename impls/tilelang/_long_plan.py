@@ -11,7 +11,7 @@ import torch
 
 from impls.base import dtype_name
 from impls.gpu_limits import SM_REGISTERS, SM_SHARED, SM_THREADS
-from impls.tilelang.plan import Plan, max_vec
+from impls.tilelang._plan_type import Plan, max_vec
 
 CLUSTER_VARIANTS = ("cluster", "layer_norm_cluster")  # RMSNorm, LayerNorm
 # Portable cluster size on sm_90: the smallest cluster up to this whose segments hold at most

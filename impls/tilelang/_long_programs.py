@@ -51,7 +51,7 @@ from impls.tilelang._cluster_parts import (_block_sum, _chunk_loader, _chunk_loo
                                            _lane_statistics, _merge_partials, _row_of, _rows_layout,
                                            _segment_loader, _smem_chunks, partials_in_registers)
 from impls.tilelang._long_plan import cluster_size
-from impls.tilelang._programs import F32, _affine, _signature_sizes
+from impls.tilelang._program_parts import F32, _affine, _signature_sizes
 from impls.tilelang.plan import Plan
 
 

@@ -23,37 +23,10 @@ Conventions shared by all four:
 # No "from __future__ import annotations": TileLang evaluates the parameter annotations.
 import tilelang.language as T
 
+from impls.tilelang._bwd_programs import norm_bwd
+from impls.tilelang._long_programs import BUILDERS as LONG_BUILDERS
+from impls.tilelang._program_parts import F32, _affine, _row_layout, _signature_sizes
 from impls.tilelang.plan import Plan
-
-F32 = "float32"
-
-
-def _row_layout(plan: Plan, rows: int, cols: int):
-    """Fragment layout of a (rows, cols) tile: row r to thread group r, and within a row
-    ``vec`` consecutive columns to one thread, consecutive vectors to consecutive threads
-    (coalesced 16-byte accesses)."""
-    tpr, vec = plan.threads_per_row, plan.vec
-    return T.Fragment(
-        (rows, cols),
-        forward_thread_fn=lambda r, j: r * tpr + (j // vec) % tpr,
-        forward_index_fn=lambda r, j: (j // (tpr * vec)) * vec + j % vec,
-    )
-
-
-def _affine(v, W, B, j, has_w: bool, has_b: bool):
-    """float32 ``v * W[j] + B[j]``, with only the terms the kernel has (``j`` an index, or a tuple
-    of them for 2-D buffers). Plain Python, run while TileLang parses a program: it returns the
-    expression each kernel stores, with no branch in it."""
-    j = j if isinstance(j, tuple) else (j,)
-    if has_w:
-        v = v * T.cast(W[j], F32)
-    if has_b:
-        v = v + T.cast(B[j], F32)
-    return v
-
-
-def _signature_sizes(plan: Plan):
-    return (plan.n if plan.has_weight else 1), (plan.n if plan.has_bias else 1)
 
 
 def rms_norm_fragment(plan: Plan):
@@ -308,22 +281,7 @@ BUILDERS = {
     "splitk": rms_norm_splitk,
     "layer_norm_fwd": layer_norm_fwd,
     "layer_norm_long": layer_norm_long,
+    "rms_norm_bwd": norm_bwd,
+    "layer_norm_bwd": norm_bwd,
+    **LONG_BUILDERS,  # the cluster kernels
 }
-
-
-def _backward_builders():
-    from impls.tilelang._bwd_programs import norm_bwd
-
-    return {v: norm_bwd for v in ("rms_norm_bwd", "layer_norm_bwd")}
-
-
-BUILDERS.update(_backward_builders())  # after the forward's: _bwd_programs imports from this module
-
-
-def _long_builders():
-    from impls.tilelang._long_programs import BUILDERS as long_builders
-
-    return long_builders
-
-
-BUILDERS.update(_long_builders())  # the cluster kernels (_long_programs imports from this module)

@@ -6,7 +6,6 @@ One plan is one compilation (the key of both caches); M and the row strides are 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -14,6 +13,8 @@ import torch
 from impls import tuned
 from impls.base import dtype_name
 from impls.gpu_limits import SM_REGISTERS, SM_THREADS, next_pow2
+from impls.tilelang._long_plan import CLUSTER_VARIANTS, cluster_plan
+from impls.tilelang._plan_type import Plan, max_vec  # noqa: F401  (Plan: part of this interface)
 
 # float32 values of the row each thread may hold in registers (fragment, layer_norm_fwd):
 # 64 at 512 threads puts 32768 columns in one block; ptxas for sm_90 keeps that spill-free.
@@ -24,7 +25,6 @@ MIN_BLOCK_THREADS = 128  # short rows share a block up to this many threads
 SPLITK_VECTORS = 4
 SPLITK_THREADS = 256
 NAIVE_THREADS = 256
-VECTOR_BYTES = 16  # one 128-bit load or store
 
 # layer_norm_fwd: vectors each thread holds (64 bytes of x in any dtype; 2 for N <= 2048, where
 # that measured faster), and the register budget per thread its launch bound aims ptxas at, by
@@ -49,55 +49,6 @@ TUNED = {k: (tpr, mb or None) for k, (tpr, mb) in
 # that N.
 DECODE_MAX_ROWS = 128
 DECODE_TUNED = tuned.table(TUNED_FILE, "decode", ("variant", "bytes", "n"), "threads_per_row")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything a generated program depends on; hashable, so a plan is its own cache key."""
-
-    variant: str
-    dtype: str  # "float32", "float16", "bfloat16"
-    n: int
-    has_weight: bool
-    has_bias: bool
-    vec: int  # elements per vector access; divides N and both row strides
-    threads_per_row: int
-    rows_per_block: int
-    padded: int  # columns of the fragment (whole row, padded) or of one splitk segment
-    # The launch bound (minimum blocks per SM) from TUNED or tools/tilelang_sweep.py; None:
-    # layer_norm_fwd's rule (ln_min_blocks_per_sm), no bound for the fragment.
-    min_blocks: int | None = None
-    # The block's threads work on each of its rows in turn (the cluster kernels) rather than a
-    # group of threads_per_row on each row.
-    rows_share_threads: bool = False
-    # Cluster kernels (_long_programs): the exchange of partials by st.async into each peer's
-    # slots, completing on the peer's mbarrier, instead of a cluster barrier after the remote
-    # stores; and the first cluster arrive relaxed (no GPU-scope fence before it). Either needs
-    # the slots in shared memory of their own (compiler.SLOTS_OWN_MEMORY). The cluster plans take
-    # both (_long_plan.MBAR_EXCHANGE); the defaults here are the probe's barrier exchange.
-    mbar_exchange: bool = False
-    relaxed_arrive: bool = False
-    # Cluster kernels: each chunk of the segment summed from registers on its way into shared
-    # memory, instead of read back from there (one pass over shared memory fewer for RMSNorm,
-    # two for LayerNorm, whose lanes sum about their first value).
-    stats_in_load: bool = False
-    # Cluster kernels: each block sum by warp shuffles and one barrier (_long_programs'
-    # normdiff_block_sum) instead of TileLang's AllReduce (two barriers a round, log2(threads / 32)
-    # rounds); its workspace needs shared memory of its own (compiler.SLOTS_OWN_MEMORY).
-    one_barrier_sum: bool = False
-
-    @property
-    def threads(self) -> int:
-        return self.threads_per_row * (1 if self.rows_share_threads else self.rows_per_block)
-
-    def describe(self) -> str:
-        affine = "+".join(n for n, on in (("weight", self.has_weight), ("bias", self.has_bias)) if on) or "no affine"
-        return (f"tilelang.{self.variant} {self.dtype} N={self.n} ({affine}; vec {self.vec}, "
-                f"{self.threads} threads, {self.rows_per_block} row(s)/block, {self.padded} columns)")
-
-
-def max_vec(dtype: torch.dtype) -> int:
-    return VECTOR_BYTES // dtype.itemsize
 
 
 def choose_vec(dtype: torch.dtype, n: int, strides: tuple[int, ...] = (), offsets: tuple[int, ...] = ()) -> int:
@@ -144,8 +95,6 @@ def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, 
         rows = max(1, MIN_BLOCK_THREADS // tpr)
         padded = -(-n // (tpr * vec)) * (tpr * vec)
         return Plan(variant, dt, n, has_weight, has_bias, vec, tpr, rows, padded, min_blocks)
-    from impls.tilelang._long_plan import CLUSTER_VARIANTS, cluster_plan
-
     if variant in CLUSTER_VARIANTS:
         return cluster_plan(variant, dt, n, has_weight, has_bias, vec)
     raise ValueError(f"unknown tilelang variant {variant!r}")

@@ -13,17 +13,18 @@ from __future__ import annotations
 import os
 import sys
 
-from impls.base import DEFAULT_EPS
-from impls.triton import _launch
+from impls.base import cuda_present
+from impls.triton import _runtime
 
-if not _launch.cuda_present() and "triton" not in sys.modules:
+if not cuda_present() and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"
 
-# Importing the modules registers their kernels. The dispatch functions below then take over
-# the package attributes rms_norm and layer_norm; the modules stay importable by full name
+# Importing the modules registers their kernels. The dispatch functions then take over the
+# package attributes rms_norm and layer_norm; the modules stay importable by full name
 # (from impls.triton.rms_norm import ...).
 from impls.triton import dispatch, fused, layer_norm, rms_norm  # noqa: E402,F401
 from impls.triton._launch import choose_variant  # noqa: E402
+from impls.triton.dispatch import layer_norm, rms_norm  # noqa: E402,F811
 
 __all__ = ["availability", "note", "choose_variant", "rms_norm", "layer_norm", "use_interpreter"]
 
@@ -37,7 +38,7 @@ def use_interpreter() -> str | None:
     library functions (tl.sum, tl.max, ...) were decorated at triton's import: where that was
     compiled, each interpreted launch swaps in interpreted copies of them for its duration
     (``_interpret_library``). Kernels decorated later in the process are interpreted too."""
-    if _launch.cuda_present():
+    if cuda_present():
         return None
     if "impls.triton._kernels" in sys.modules:  # decorated already: the mode is fixed
         return availability()
@@ -93,48 +94,8 @@ def _interpret_library() -> None:
 
 def availability() -> str | None:
     """None when the Triton kernels can run in this process, else why not."""
-    return _launch.state().reason
+    return _runtime.state().reason
 
 
 def note() -> str:
-    return _launch.note()
-
-
-# The entry points' kernels, looked up once: the registry's lookup scans every kernel, and these
-# calls are meant to cost one launch (impls.native). A warm call goes straight to the kernel's
-# native table (``NormKernel.__call__`` does the same first thing), one Python frame fewer.
-_ENTRY: dict = {}
-
-
-def _kernel(op: str, batch_invariant: bool):
-    k = _ENTRY[(op, batch_invariant)] = dispatch._variant(op, "invariant" if batch_invariant else "auto")
-    return k
-
-
-def rms_norm(x, weight=None, eps: float = DEFAULT_EPS["rms_norm"], out=None, batch_invariant: bool = False):
-    """RMSNorm over the last dimension; returns NormOutputs(y, rstd=...). The variant and launch
-    setting follow N, dtype and the row count M; ``batch_invariant=True`` makes the choice as for
-    many rows at every M, so a row's bits never depend on how many rows share the call."""
-    k = _ENTRY.get(("rms_norm", batch_invariant)) or _kernel("rms_norm", batch_invariant)
-    if out is None:
-        calls = k._calls
-        table = calls and calls.native  # the kernel's call path (impls.callpath)
-        if table is not None:
-            got = table(x, weight, None, eps)  # None: not a recorded signature, or eps to judge
-            if got is not None:
-                return got
-    return k(x, weight, None, eps, out)
-
-
-def layer_norm(x, weight=None, bias=None, eps: float = DEFAULT_EPS["layer_norm"], out=None, batch_invariant: bool = False):
-    """LayerNorm over the last dimension; returns NormOutputs(y, mean=..., rstd=...).
-    ``batch_invariant`` as for rms_norm."""
-    k = _ENTRY.get(("layer_norm", batch_invariant)) or _kernel("layer_norm", batch_invariant)
-    if out is None:
-        calls = k._calls
-        table = calls and calls.native
-        if table is not None:
-            got = table(x, weight, bias, eps)
-            if got is not None:
-                return got
-    return k(x, weight, bias, eps, out)
+    return _runtime.note()

@@ -7,29 +7,19 @@ the backend, so a process without triton still lists the kernels, each skipped w
 from __future__ import annotations
 
 import functools
-import importlib
-import os
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
 from impls import fastpath
-from impls.base import DEFAULT_EPS, NormKernel, cuda_present
+from impls.base import DEFAULT_EPS, NormKernel
 from impls.gpu_limits import cdiv, next_pow2
 from impls.repro_calls import through_normdiff
 from impls.triton import settings
 from impls.triton._fast import lean_plan
+from impls.triton._runtime import DEVICES, note, state  # noqa: F401  (state: read through here too)
 from impls.triton.backward import TritonBackward
 from impls.triton.settings import DECODE_MAX_ROWS, DECODE_MIN_BLOCK, ROWWISE_MAX_N, LaunchConfig, launch_config
-
-
-def interpret_requested() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-# Kernels run on CPU tensors under the interpreter, on CUDA tensors when compiled.
-DEVICES: tuple[str, ...] = ("cuda",) if cuda_present() and not interpret_requested() else ("cpu",)
 
 
 def split_unavailable() -> str | None:
@@ -39,50 +29,6 @@ def split_unavailable() -> str | None:
     if state().interpreted:
         return "triton.split's programs wait on each other, and Triton's interpreter runs programs one at a time"
     return None
-
-
-@dataclass(frozen=True)
-class TritonState:
-    triton: object | None  # the module, when importable
-    kernels: object | None  # impls.triton._kernels, when it loaded
-    interpreted: bool
-    reason: str | None  # why the backend cannot run here, else None
-
-
-@lru_cache(maxsize=1)
-def state() -> TritonState:
-    try:
-        triton = importlib.import_module("triton")
-    except Exception as exc:
-        return TritonState(None, None, False, f"triton not importable: {type(exc).__name__}: {exc}")
-    try:
-        kernels = importlib.import_module("impls.triton._kernels")
-    except Exception as exc:
-        return TritonState(triton, None, False, f"triton kernels failed to load: {type(exc).__name__}: {exc}")
-    # The mode is fixed when the kernels are decorated; read it from what the decorator returned.
-    interpreted = type(kernels.rms_norm_rowwise).__name__ == "InterpretedFunction"
-    reason = None
-    if not interpreted and not cuda_present():
-        reason = (
-            "no CUDA device, and triton was imported before impls.triton without TRITON_INTERPRET=1, "
-            "so the kernels cannot run; set TRITON_INTERPRET=1 before triton is first imported"
-        )
-    elif interpreted != ("cpu" in DEVICES):
-        reason = "TRITON_INTERPRET changed between importing impls.triton and loading its kernels"
-    return TritonState(triton, kernels, interpreted, reason)
-
-
-def note() -> str:
-    s = state()
-    if s.triton is None:
-        return s.reason or ""
-    version = f"triton {getattr(s.triton, '__version__', '?')}"
-    if s.interpreted:
-        why = "TRITON_INTERPRET=1" if cuda_present() else "no GPU"
-        return f"{version}, running under the interpreter ({why})"
-    if cuda_present():
-        return f"{version} on {torch.cuda.get_device_name()}"
-    return version
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import torch
 
 from impls.base import NormGrads, NormOutputs
 from impls.gpu_limits import cdiv, next_pow2
+from impls.triton._runtime import state
 from impls.triton.settings import REDUCE_WARPS, BackwardConfig, backward_config
 
 
@@ -43,8 +44,6 @@ class TritonBackward:
 
     def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads,
                   cfg: BackwardConfig | None = None) -> None:
-        from impls.triton._launch import state
-
         m, n = x.shape
         cfg = cfg or backward_config(n, x.dtype, self.op)
         given = out

@@ -76,10 +76,8 @@ class _OddFails(_Half):
     variant = "oddfails"
     dtypes = (torch.float16, torch.bfloat16)
 
-    def known_issue(self, case_id, device):
-        words = case_id.split("-")
-        n = int(words[2].split("x")[-1])
-        return ODD if words[1] in ("float16", "bfloat16") and n % 2 else None
+    def known_issue(self, case, device, inputs=None):
+        return ODD if case.dtype in ("float16", "bfloat16") and case.n % 2 else None
 
     def _forward(self, x, weight, bias, eps, out):
         if x.shape[-1] % 2:

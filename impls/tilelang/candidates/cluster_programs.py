@@ -14,7 +14,7 @@ from impls.tilelang._cluster_parts import (_chunk_loop, _helpers, _lane_statisti
 from impls.tilelang._long_plan import cluster_size
 from impls.tilelang._long_programs import (_layer_norm_program, _ln_exchange, _store_rows, layer_norm_cluster,
                                             rms_norm_cluster)
-from impls.tilelang._programs import F32, _affine, _signature_sizes
+from impls.tilelang._program_parts import F32, _affine, _signature_sizes
 from impls.tilelang.plan import Plan
 
 # CandidatePlan.l2_ahead: thread 0 brings the 16-byte-aligned span of ``bytes`` bytes at

@@ -22,7 +22,7 @@ VARIANT = "splitk_pipelined"
 def rms_norm_splitk_pipelined(plan: Plan):
     import tilelang.language as T
 
-    from impls.tilelang._programs import F32, _affine, _row_layout, _signature_sizes
+    from impls.tilelang._program_parts import F32, _affine, _row_layout, _signature_sizes
 
     N, K, vec, dt = plan.n, plan.padded, plan.vec, plan.dtype
     segs = -(-N // K)
