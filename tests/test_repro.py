@@ -92,7 +92,7 @@ def test_a_kernel_without_a_declared_call_imports_its_plug_in_and_says_so(tmp_pa
     target = resolve("rms_norm-bfloat16-3x1000-normal-reproplant.padded", [PLUGIN])
     monkeypatch.setattr(type(target.kernel), "repro_call", lambda self: None)
     text = generate(target)
-    assert "declares no standalone call" in text and f"registry.load_file({str(Path(PLUGIN).resolve())!r})" in text
+    assert "declares no standalone call" in text and "registry.load_file('tests/plugins/repro_planted.py')" in text
     path = tmp_path / "repro.py"
     path.write_text(text)
     got = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)

@@ -5,6 +5,7 @@ and the ratio to the allowance, exiting 1 while the defect is present."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 from harness.judging.fused_runner import declared_sum, kernel_scale
 from harness.judging.guards import GAP, HEAD, TAIL
@@ -12,7 +13,9 @@ from harness.report.markdown import fmt
 from harness.repro import draw, judge_src, mains
 from harness.repro.target import Target, plugin_file
 from impls import registry
-from impls.fused import ADD_OPS, BASE_OP
+from impls.fused import BASE_OP
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CHECK_WORDS = {(False, False): "the forward against a float64 reference, inside a write guard",
                (False, True): "the kernel's forward, then its backward against float64 gradients, inside a write guard",
@@ -62,7 +65,9 @@ def header(t: Target, command: str) -> list[str]:
              f"{t.device} generator: another device draws other values).")
     lines = ['"""' + f"{k.name} on {case.id}: {t.test} of normdiff reproduced standalone.", "",
              *textwrap.wrap(check, 100),
-             *textwrap.wrap("Where it was seen (" + t.source + "): " + ", ".join(s for s in seen if s) + ".", 100)]
+             *textwrap.wrap(("Where the harness saw it (the run's report): " if t.record is not None else
+                             "Written on this machine (no run's report given; --report names where it was seen): ")
+                            + ", ".join(s for s in seen if s) + ".", 100)]
     said = reported(t.record)
     if said:
         lines += ["The report printed:", *("    " + s for s in said)]
@@ -124,6 +129,8 @@ def call_section(t: Target) -> list[str]:
         return lines + [""]
     path = plugin_file(k)
     module = type(k).__module__
+    if path and Path(path).is_relative_to(ROOT):
+        path = Path(path).relative_to(ROOT).as_posix()  # run from normdiff's checkout
     load = (f"registry.load_file({path!r})  # the plug-in file the run loaded" if path else
             f"importlib.import_module({module!r})  # normdiff's module of this kernel")
     lines = ["# -- the call: no standalone call declared (NormKernel.repro_call), so through normdiff:",
