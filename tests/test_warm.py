@@ -89,3 +89,52 @@ def test_warm_up_ends_normally_past_a_raising_and_a_dying_kernel(tmp_path):
     raised = int(re.search(r"warmed in \d+ s; (\d+) raised", proc.stdout).group(1))
     assert tasks > 2 and raised == tasks, out[-3000:]
     assert "a warm-up worker failed" in proc.stdout, out[-3000:]
+
+
+def test_every_check_family_is_warmed_each_compile_key_once():
+    """The checks' warm-up (no --bench) covers every family whose first calls compile: the oracle
+    checks, the backward, batch invariance's other row counts and the drawn cases (torch.compile
+    compiles per static shape, on the CPU too); each forward compile key of the catalogue once."""
+    from dataclasses import replace
+
+    from harness.judging import properties
+    from harness.judging.cases import catalogue
+    from harness.judging.runner import device_for
+    from impls import registry
+
+    work = list(warm.tasks(["torch_compile"], "quick", False, ()))
+    families = {job[0] for _, _, job in work}
+    assert {"check", "backward", "batch", "backward batch", "drawn"} <= families, families
+    registry.load_builtins()
+    kernel = next(k for k in registry.kernels(["torch_compile"]) if k.op == "rms_norm")
+    device = device_for(kernel)
+    wanted = {kernel.compile_key(c.spec(device)) for c in catalogue("quick") if c.op == "rms_norm"
+              and not kernel.unsupported(c.spec(device))}
+    warmed = [job[1] for _, key, job in work if key == (kernel.name, "rms_norm") and job[0] == "check"]
+    assert {kernel.compile_key(c.spec(device)) for c in warmed} == wanted and len(warmed) == len(wanted)
+    batch = next(job[1] for _, key, job in work if key == (kernel.name, "rms_norm") and job[0] == "batch")
+    sizes = properties.batch_sizes(kernel, batch, device, quick=True)
+    assert {kernel.compile_key(replace(batch.spec(device), rows=m)) for m in sizes} - wanted  # new shapes
+    assert warm._drawn_tests(kernel) == ["test_fuzz", "test_fuzz_backward"]
+
+
+def test_a_drawn_task_replays_the_checks_draws(monkeypatch):
+    """The warm-up's drawn task runs harness/test_fuzz.py's own check from --fuzz-seed: the same
+    cases the pytest run draws (each a shape class of its own)."""
+    from harness import test_fuzz
+    from harness.judging import runner
+    from impls import registry
+
+    registry.load_builtins()
+    kernel = next(k for k in registry.kernels(["torch"]) if k.op == "rms_norm")
+    seen = []
+    real = runner.check
+    monkeypatch.setattr(runner, "check", lambda k, case, **kw: seen.append(case.id) or real(k, case, **kw))
+    warm._drawn(kernel, "test_fuzz", "quick", 0)
+    again = list(seen)
+    seen.clear()
+    from types import SimpleNamespace
+
+    state = SimpleNamespace(profile="quick", selection={"fuzz_seed": 0}, watch=None)
+    test_fuzz.test_fuzz(kernel, state, SimpleNamespace(node=None))
+    assert again == seen and len(set(seen)) >= 10
