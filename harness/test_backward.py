@@ -5,6 +5,8 @@ derived allowance (harness.judging.compare_backward); and the backward's determi
 
 A kernel without a backward is skipped with that reason (``<name> has no backward``).
 """
+import functools
+
 import pytest
 
 from harness.judging import compare_backward, properties, runner
@@ -55,6 +57,7 @@ def _agreement(result) -> list[tuple]:
     return cells
 
 
+@pytest.mark.needs("backward")
 def test_backward(backward_case, harness_state, request):
     case, kernel = backward_case
     if kernel.has_backward:
@@ -67,6 +70,7 @@ def test_backward(backward_case, harness_state, request):
     assert result.ok, result.failure_message()
 
 
+@pytest.mark.needs("backward_determinism")
 def test_backward_deterministic(backward_determinism_case, request):
     case, kernel = backward_determinism_case
     device = runner.device_for(kernel)
@@ -75,15 +79,11 @@ def test_backward_deterministic(backward_determinism_case, request):
         pytest.skip(reason)
     with properties.judging(kernel, case, device):  # a declared issue that fails the calls: that issue
         diffs = properties.backward_determinism(kernel, case, device)
-    declared = kernel.backward_nondeterministic
-    record(request.node, deterministic=not diffs, bit_diffs=[d.__dict__ for d in diffs],
-           **({"failure_kind": "nondeterministic"} if diffs and not declared else {}))
-    if diffs and declared:
-        pytest.xfail(f"declared nondeterministic ({declared}): " + "; ".join(d.summary() for d in diffs))
-    assert not diffs, ("nondeterministic backward: two calls on identical inputs differ: "
-                       + "; ".join(d.summary() for d in diffs))
+    properties.judge_determinism(functools.partial(record, request.node), diffs, kernel.backward_nondeterministic,
+                                 " backward")
 
 
+@pytest.mark.needs("backward_batch")
 def test_backward_batch_invariant(backward_batch_case, request):
     """dx of sample rows recomputed in batches of other sizes (properties.backward_batch_invariance),
     bit for bit: a kernel that claims it (``backward_batch_invariant = True``) fails when a row's
@@ -96,12 +96,5 @@ def test_backward_batch_invariant(backward_batch_case, request):
     quick = request.config.stash[STATE].profile == "quick"
     with properties.judging(kernel, case, device):
         result = properties.backward_batch_invariance(kernel, case, device, quick=quick)
-    if result.nondeterministic:
-        pytest.skip("two backward calls on the full batch differ (test_backward_deterministic reports it): "
-                    "batch invariance cannot be judged")
-    claim = kernel.backward_batch_invariant
-    record(request.node, batch_invariant=result.invariant, batch_sizes=result.sizes,
-           batch_changes={str(m): v for m, v in result.changes.items()}, batch_claim=claim,
-           **({"failure_kind": "batch-variant"} if not result.invariant and claim else {}))
-    if claim:
-        assert result.invariant, f"dx batch-variant, though {kernel.name} claims it invariant: {result.summary()}"
+    properties.judge_batch(functools.partial(record, request.node), result, kernel.backward_batch_invariant,
+                           kernel.name, "test_backward_deterministic", "dx ")

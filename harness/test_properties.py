@@ -8,6 +8,8 @@ claims batch invariance (``True``) fails when a row's bits change with M. An unk
 Valid input a kernel cannot run (``UnsupportedCase``) is a skip with its reason, and a call that
 fails on a case the kernel declares a known issue on is that issue (``properties.judging``).
 """
+import functools
+
 import pytest
 
 from harness.judging import properties, runner
@@ -34,29 +36,20 @@ def _runnable(case, kernel) -> str:
     return device
 
 
+@pytest.mark.needs("determinism")
 def test_deterministic(determinism_case, request):
     case, kernel = determinism_case
     device = _runnable(case, kernel)
     with properties.judging(kernel, case, device):
         diffs = properties.determinism(kernel, case, device)
-    record(request.node, deterministic=not diffs, bit_diffs=[d.__dict__ for d in diffs],
-           **({"failure_kind": "nondeterministic"} if diffs and not kernel.nondeterministic else {}))
-    if diffs and kernel.nondeterministic:
-        pytest.xfail(f"declared nondeterministic ({kernel.nondeterministic}): "
-                     + "; ".join(d.summary() for d in diffs))
-    assert not diffs, "nondeterministic: two calls on identical inputs differ: " + "; ".join(d.summary() for d in diffs)
+    properties.judge_determinism(functools.partial(record, request.node), diffs, kernel.nondeterministic)
 
 
+@pytest.mark.needs("batch")
 def test_batch_invariant(batch_case, request):
     case, kernel = batch_case
     device = _runnable(case, kernel)
     with properties.judging(kernel, case, device):
         result = properties.batch_invariance(kernel, case, device, quick=request.config.stash[STATE].profile == "quick")
-    if result.nondeterministic:
-        pytest.skip("two calls on the full batch differ (test_deterministic reports it): batch invariance "
-                    "cannot be judged")
-    record(request.node, batch_invariant=result.invariant, batch_sizes=result.sizes,
-           batch_changes={str(m): v for m, v in result.changes.items()}, batch_claim=kernel.batch_invariant,
-           **({"failure_kind": "batch-variant"} if not result.invariant and kernel.batch_invariant else {}))
-    if kernel.batch_invariant:
-        assert result.invariant, f"batch-variant, though {kernel.name} claims batch invariance: {result.summary()}"
+    properties.judge_batch(functools.partial(record, request.node), result, kernel.batch_invariant, kernel.name,
+                           "test_deterministic")

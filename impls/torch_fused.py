@@ -21,10 +21,15 @@ def quantize_fp8(y: torch.Tensor, params: FusedParams, convention: str = "divide
 def normalize(op: str, src: torch.Tensor, weight, bias, eps: float, weight_offset: float):
     """y, mean and rstd (float32) of rows ``src`` (float32)."""
     if BASE_OP[op] == "layer_norm":
+        # Centred twice, as the project's kernels: a float32 mean of equal values is not exact, and
+        # on a row of one value its error would come back times 1/sqrt(eps) (an fp8 y two steps off).
         mean = src.mean(dim=-1, keepdim=True)
-        var = (src - mean).square().mean(dim=-1, keepdim=True)
+        centred = src - mean
+        c = centred.mean(dim=-1, keepdim=True)
+        centred, mean = centred - c, mean + c
+        var = centred.square().mean(dim=-1, keepdim=True)
         rstd = torch.rsqrt(var + eps)
-        y = (src - mean) * rstd
+        y = centred * rstd
     else:
         mean = None
         rstd = torch.rsqrt(src.square().mean(dim=-1, keepdim=True) + eps)

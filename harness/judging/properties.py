@@ -26,7 +26,7 @@ from impls.base import NormGrads, NormKernel, NormOutputs, UnsupportedCase, rows
 BATCH_SIZES = (1, 2, 7, 64, 128, 129, 1024)
 QUICK_BATCH_SIZES = (1, 2, 7, 64, 129)  # CPU: the interpreter runs every program in Python
 SAMPLE_ROWS = 3  # rows of the case recomputed in each batch: first, middle, last
-_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # 1: an fp8 y
 
 
 @dataclass
@@ -81,6 +81,37 @@ def judging(kernel: NormKernel, case: Case, device: str):
         pytest.xfail(f"known issue: {issue} [{type(exc).__name__}: {first}]")
 
 
+# -- the verdicts, one for every family and pass ----------------------------------------------------
+def judge_determinism(record, diffs: list[BitDiff], declared: str | None, what: str = "") -> None:
+    """A determinism check's record (``record(**fields)``) and verdict: the same bits pass; a
+    difference is a failure of the kind *nondeterministic*, or, where the kernel declares itself
+    nondeterministic (``declared``: why), that known issue. ``what`` names the pass (" backward")."""
+    import pytest
+
+    record(deterministic=not diffs, bit_diffs=[d.__dict__ for d in diffs],
+           **({"failure_kind": "nondeterministic"} if diffs and not declared else {}))
+    found = "; ".join(d.summary() for d in diffs)
+    if diffs and declared:
+        pytest.xfail(f"declared nondeterministic ({declared}): {found}")
+    assert not diffs, f"nondeterministic{what}: two calls on identical inputs differ: {found}"
+
+
+def judge_batch(record, result: BatchResult, claim: bool | None, name: str, twin: str, what: str = "") -> None:
+    """A batch-invariance check's record and verdict: not judged where the full call repeated
+    already differs (``twin``, the determinism check, reports it); a change fails (*batch-variant*)
+    where the kernel claims invariance (``claim``), and is measured and reported otherwise.
+    ``what`` names what was compared ("dx " for a backward)."""
+    import pytest
+
+    if result.nondeterministic:
+        pytest.skip(f"two calls on the full batch differ ({twin} reports it): batch invariance cannot be judged")
+    record(batch_invariant=result.invariant, batch_sizes=result.sizes,
+           batch_changes={str(m): v for m, v in result.changes.items()}, batch_claim=claim,
+           **({"failure_kind": "batch-variant"} if not result.invariant and claim else {}))
+    if claim:
+        assert result.invariant, f"{what}batch-variant, though {name} claims batch invariance: {result.summary()}"
+
+
 # -- determinism ----------------------------------------------------------------------------------
 def determinism(kernel: NormKernel, case: Case, device: str) -> list[BitDiff]:
     """Calls on the case's inputs into fresh outputs; what differs from the first. The first is
@@ -128,8 +159,9 @@ class BatchResult:
         return "; ".join(f"M={m}: {', '.join(v)}" for m, v in sorted(self.changes.items()))
 
 
-def batch_sizes(kernel: NormKernel, case: Case, device: str, quick: bool) -> list[int]:
-    sizes = set(QUICK_BATCH_SIZES if quick else BATCH_SIZES)
+def batch_sizes(kernel: NormKernel, case: Case, device: str, quick: bool,
+                base: tuple[int, ...] | None = None) -> list[int]:
+    sizes = set(base or (QUICK_BATCH_SIZES if quick else BATCH_SIZES))
     for t in kernel.m_thresholds(case.spec(device)):
         sizes |= {t, t + 1}
     return sorted(s for s in sizes if s >= 1)
@@ -145,7 +177,7 @@ def batch_invariance(kernel: NormKernel, case: Case, device: str, quick: bool) -
     def call(idx):  # the forward of rows idx (None: of every row)
         return kernel(x if idx is None else x[idx].contiguous(), inp.weight, inp.bias, inp.eps)
 
-    return _batch_compare(x.shape[0], batch_sizes(kernel, case, device, quick), call)
+    return compare_batches(x.shape[0], batch_sizes(kernel, case, device, quick), call)
 
 
 def backward_batch_invariance(kernel: NormKernel, case: Case, device: str, quick: bool) -> BatchResult:
@@ -165,10 +197,10 @@ def backward_batch_invariance(kernel: NormKernel, case: Case, device: str, quick
         return NormGrads(kernel.backward(x[idx].contiguous(), inp.weight, inp.bias, dy[idx].contiguous(), rows,
                                          inp.eps).dx)
 
-    return _batch_compare(x.shape[0], batch_sizes(kernel, case, device, quick), call)
+    return compare_batches(x.shape[0], batch_sizes(kernel, case, device, quick), call)
 
 
-def _batch_compare(m: int, sizes: list[int], call) -> BatchResult:
+def compare_batches(m: int, sizes: list[int], call) -> BatchResult:
     """The batches of batch_invariance: ``call(idx)`` computes rows idx (None: all m) and returns
     NormOutputs or NormGrads."""
     result = BatchResult(sizes)
@@ -228,5 +260,5 @@ def determinism_cases(cases: list[Case], profile: str) -> list[Case]:
             and c.rows * c.n <= shapes.DETERMINISM_MAX_ELEMENTS_QUICK]
 
 
-__all__ = ["BitDiff", "BatchResult", "bit_diffs", "judging", "determinism", "backward_determinism", "batch_invariance", "backward_batch_invariance",
+__all__ = ["BitDiff", "BatchResult", "bit_diffs", "judging", "judge_determinism", "judge_batch", "compare_batches", "determinism", "backward_determinism", "batch_invariance", "backward_batch_invariance",
            "batch_cases", "backward_batch_cases", "determinism_cases"]

@@ -1,18 +1,24 @@
 """The correctness report's sections on determinism and batch invariance (harness.judging.properties),
-from the records of ``test_deterministic``, ``test_batch_invariant`` and their backward twins."""
+from the records of ``test_deterministic``, ``test_batch_invariant``, their backward twins and the
+fused family's (harness/test_fused_properties.py)."""
 from __future__ import annotations
 
 from collections import defaultdict
 
+# Each check's record, and what a kernel's row is labelled with: the plain and fused families.
+DETERMINISM = {"test_deterministic": "", "test_backward_deterministic": " (backward)", "test_fused_deterministic": "",
+               "test_fused_backward_deterministic": " (backward)"}
+BATCH = {"test_batch_invariant": "", "test_backward_batch_invariant": " (backward: dx)", "test_fused_batch_invariant": "",
+         "test_fused_backward_batch_invariant": " (backward: dx)"}
+
 
 def render(records: list[dict], table) -> list[str]:
     lines = []
-    det = [r for r in records if r.get("test") in ("test_deterministic", "test_backward_deterministic")
-           and "deterministic" in r]
+    det = [r for r in records if r.get("test") in DETERMINISM and "deterministic" in r]
     if det:
         by_kernel: dict[str, list] = defaultdict(list)
         for r in det:
-            by_kernel[r["kernel"] + (" (backward)" if r["test"] == "test_backward_deterministic" else "")].append(r)
+            by_kernel[r["kernel"] + DETERMINISM[r["test"]]].append(r)
         lines += ["", "## Determinism", "",
                   "Two calls on identical inputs into fresh outputs, compared bit for bit (y, mean, rstd; for "
                   "a backward, two backward calls on one forward's statistics: dx, dw, db).", ""]
@@ -24,12 +30,11 @@ def render(records: list[dict], table) -> list[str]:
                 "declared nondeterministic" if any(r.get("outcome") == "known issue" for r in bad) else "**nondeterministic**")
             rows.append([k, len(rs), len(bad), f"{worst} ulp" if bad else "-", bad[0]["case"] if bad else "-", verdict])
         lines += table(["kernel", "cases", "cases whose bits differ", "largest difference", "first such case", "verdict"], rows)
-    bat = [r for r in records if r.get("test") in ("test_batch_invariant", "test_backward_batch_invariant")
-           and "batch_invariant" in r]
+    bat = [r for r in records if r.get("test") in BATCH and "batch_invariant" in r]
     if bat:
         by_kernel = defaultdict(list)
         for r in bat:
-            by_kernel[r["kernel"] + (" (backward: dx)" if r["test"] == "test_backward_batch_invariant" else "")].append(r)
+            by_kernel[r["kernel"] + BATCH[r["test"]]].append(r)
         lines += ["", "## Batch invariance", "",
                   "Sample rows of each case recomputed alone and in batches of other sizes, at other positions, "
                   "compared bit for bit with the same rows in the full call (a backward: dx, from the same rows' x, dy "
