@@ -40,18 +40,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.benchmarks import bench_backward, bench_fused, timing
+from harness.benchmarks import bench_fused, timing
 from harness.running import memory, run
 from harness.benchmarks.bench_context import BenchContext
-from harness.benchmarks.bench_forward import run_forward
-from harness.benchmarks.bench_sweep import BenchItem, items, sweep
+from harness.benchmarks.bench_sweep import BenchItem
+from harness.judging.family import family
 from harness.judging.cases import DTYPES
 from harness.running.isolation import first_line
 from harness.running.memory_watch import retryable_oom
 from harness.judging.runner import device_for
 from harness.judging.shapes import HEADLINE_DTYPES
-from impls.base import OPS
-from impls.fused import FUSED_OPS
 
 CONTEXT = pytest.StashKey[BenchContext]()
 
@@ -77,25 +75,19 @@ def pytest_configure(config):
 
 
 def pytest_generate_tests(metafunc):
+    """Every family's benchmark rows (harness.judging.family: its own sweep of its selected
+    kernels), run in passes: each bandwidth pass of every family, then decode, then backward."""
     if "bench_item" not in metafunc.fixturenames:
         return
     state = metafunc.config.stash[run.STATE]
-    kernels = [k for k in state.kernels if getattr(k, "family", "plain") == "plain"]  # the plain norms'
-    ops = [op for op in OPS if any(k.op == op for k in kernels)]
     bench_set = metafunc.config.getoption("bench_set")
     given = metafunc.config.getoption("dtype")
     default = HEADLINE_DTYPES if bench_set == "headline" and state.profile == "full" else tuple(DTYPES)
     dtypes = run.split_names(given, tuple(DTYPES), "dtype") or tuple(DTYPES) if given else default
     repeat = max(1, metafunc.config.getoption("bench_repeat"))
-    baseline = metafunc.config.getoption("bench_baseline")
-    plain = items(sweep(state.profile, ops, dtypes, repeat, bench_set), kernels, baseline)
-    # The fused ops' rows (harness.benchmarks.bench_fused): the fused kernels of the selected
-    # backends and ops, run in the same passes as the plain rows (each bandwidth pass, then decode).
-    fused_kernels = bench_fused.selected_kernels(metafunc.config)
-    fused_ops = [op for op in FUSED_OPS if any(k.op == op for k in fused_kernels)]
-    fused = bench_fused.items(bench_fused.sweep(state.profile, fused_ops, dtypes, repeat, bench_set), fused_kernels,
-                              bench_fused.baseline_of(metafunc.config))
-    ordered = sorted(plain + fused, key=lambda it: bench_fused.phase(it.shape, repeat))  # stable: plain first
+    rows = [it for r in state.runs.values() if r.kernels
+            for it in r.family.bench_items(metafunc.config, r.kernels, state.profile, dtypes, repeat, bench_set)]
+    ordered = sorted(rows, key=lambda it: bench_fused.phase(it.shape, repeat))  # stable: the families' order within a pass
     params = [
         pytest.param(it, id=it.id, marks=[pytest.mark.benchmark(group=it.shape.group, timer=timing.CLOCK)]
                      + ([getattr(pytest.mark, bench_fused.MARK)] if bench_fused.is_fused_shape(it.shape) else []))
@@ -121,11 +113,7 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
         if why:
             pytest.skip(why)
     try:
-        if bench_fused.is_fused_shape(item.shape):
-            return bench_fused.run_fused(item, benchmark, ctx)
-        if item.shape.regime == "backward":
-            return bench_backward.run_backward(item, benchmark, ctx)
-        return run_forward(item, benchmark, ctx)
+        return family(item.kernel.family).run_bench(item, benchmark, ctx)
     except Exception as exc:
         if not retryable_oom(exc):
             raise

@@ -18,17 +18,18 @@ import torch
 
 from harness.judging import fused_properties, known_issues, properties
 from harness.running import attribution, isolation, memory_watch, scheduling, workers
-from harness.judging.cases import DTYPES, Case, backward_catalogue, catalogue
-from harness.judging.fused_cases import fused_backward_catalogue, fused_catalogue, with_writes
+from harness.judging.cases import DTYPES, Case
+from harness.judging.family import families
 from harness.running.controller import Controller
 from harness.running.progress import Progress
 from harness.running.run import STATE, backend_status, is_benchmark_run, split_names
 from harness.judging.runner import device_for
 from harness.report.failure import summary_line
-from harness.running.state import HarnessState
+from harness.running.state import FamilyRun, HarnessState
 from impls import registry
-from impls.base import OPS, NormKernel
-from impls.fused import ADD_OPS, WRITES
+from impls.contract import KernelContract
+
+import harness.families  # noqa: E402,F401  (registers the project's families: plain and fused)
 
 
 def pytest_addoption(parser):
@@ -87,6 +88,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "needs(kind): what a check needs, which its memory estimate counts "
+                                       "(harness.running.estimate.NEEDS)")
     try:
         registry.load_all(config.getoption("backend_file"))
     except FileNotFoundError as exc:
@@ -94,16 +97,18 @@ def pytest_configure(config):
     named = split_names(config.getoption("backend"), None, "backend")
     backends = split_names(",".join(registry.expand(list(named))), tuple(registry.backends()), "backend") \
         if named else None
-    ops = split_names(config.getoption("op"), OPS + ADD_OPS, "op")
+    ops = split_names(config.getoption("op"), tuple(dict.fromkeys(op for f in families() for op in f.ops)), "op")
     dtypes = split_names(config.getoption("dtype") or "all", tuple(DTYPES), "dtype")
     profile = config.getoption("profile") or ("full" if torch.cuda.is_available() else "quick")
     selected = list(backends) if backends else None
-    kernels = [k for k in registry.kernels(selected) if ops is None or k.op in ops]
-    fused_kernels = [k for k in registry.kernels(selected, family="fused") if ops is None or k.op in ops]
     wanted = lambda c: (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)  # noqa: E731
-    cases, backward_cases = [c for c in catalogue(profile) if wanted(c)], [c for c in backward_catalogue(profile) if wanted(c)]
-    fused_pairs = _write_pairs([c for c in fused_catalogue(profile) if wanted(c)], fused_kernels, False)
-    fused_backward_pairs = _write_pairs([c for c in fused_backward_catalogue(profile) if wanted(c)], fused_kernels, True)
+    runs = {}
+    for fam in families():  # each family's kernels, cases and (case, kernel) pairs
+        kernels = [k for k in registry.kernels(selected, family=fam.name) if ops is None or k.op in ops]
+        forward = [c for c in fam.catalogue(profile) if wanted(c)]
+        backward = [c for c in fam.backward_catalogue(profile) if wanted(c)]
+        runs[fam.name] = FamilyRun(fam, kernels, forward, backward, fam.pairs(forward, kernels),
+                                   fam.pairs(backward, kernels, backward=True))
     selection = {
         "backend": config.getoption("backend"),
         "backend_file": config.getoption("backend_file"),
@@ -114,11 +119,10 @@ def pytest_configure(config):
         "gpu_memory": config.getoption("gpu_memory"),
         "simulate_gpu": config.getoption("simulate_gpu"),
     }
-    state = HarnessState(kernels=kernels, cases=cases, profile=profile, selection=selection, config=config,
-                         backward_cases=backward_cases, batch_cases=properties.batch_cases(profile),
+    state = HarnessState(runs=runs, profile=profile, selection=selection, config=config,
+                         batch_cases=properties.batch_cases(profile),
                          backward_batch_cases=properties.backward_batch_cases(profile),
-                         fused_kernels=fused_kernels, fused_pairs=fused_pairs, fused_backward_pairs=fused_backward_pairs,
-                         fused_property_pairs=fused_properties.property_pairs(profile, fused_kernels, wanted))
+                         fused_property_pairs=fused_properties.property_pairs(profile, runs["fused"].kernels, wanted))
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normdiff-state")
     if not isolation.worker_id(config) and not is_benchmark_run(config):
@@ -130,7 +134,7 @@ def pytest_configure(config):
     elif not is_benchmark_run(config):
         state.watch = isolation.CallWatch(config)
         memory_watch.register_cache("the checks' oracle and kept outputs",
-                                    lambda: (state.oracle, state.fused_oracle, state._last_outputs,  # noqa: SLF001
+                                    lambda: ([r.family for r in state.runs.values()], state._last_outputs,  # noqa: SLF001
                                              state._last_scales),  # noqa: SLF001
                                     state.forget_case)
         watch = memory_watch.MemoryWatch(config, state)
@@ -147,18 +151,6 @@ def pytest_configure(config):
 # A diagnostic: NORMDIFF_PROFILE=DIR runs cProfile in the xdist workers named by
 # NORMDIFF_PROFILE_WORKERS (default gw0; one worker's profile leaves the others' timing alone)
 # and writes DIR/<worker>.prof at its end, for pstats or snakeviz.
-def _write_pairs(cases, kernels, backward: bool) -> list[tuple]:
-    """(case, kernel) for every fused kernel, each case in the write conventions the kernel runs it
-    in (fused_cases.with_writes); the kernels of one case id together, cases in the catalogue's order."""
-    runs = {k: {c.id for c in with_writes(cases, k, device_for(k), backward)} for k in kernels}
-    pairs = []
-    for case in cases:
-        for write in WRITES:
-            moved = replace(case, write=write)
-            pairs += [(moved, k) for k in kernels if moved.id in runs[k]]
-    return pairs
-
-
 def _start_profile(config) -> None:
     where, worker = os.environ.get("NORMDIFF_PROFILE"), isolation.worker_id(config)
     if where and worker in os.environ.get("NORMDIFF_PROFILE_WORKERS", "gw0").split(","):
@@ -180,9 +172,10 @@ def pytest_report_header(config):
     state = config.stash.get(STATE, None)
     if state is None:
         return None
-    lines = [f"normdiff: profile {state.profile}, {len(state.cases)} cases, {len(state.backward_cases)} backward, "
-             f"{len(state.fused_cases)} fused, {len(state.fused_backward_cases)} fused backward, backends:"]
-    for name, (note, why) in backend_status(state.kernels + state.fused_kernels).items():
+    counts = ", ".join(f"{r.family.name}: {len(r.cases)} cases, {len(r.backward_cases)} backward"
+                       for r in state.runs.values() if r.kernels)
+    lines = [f"normdiff: profile {state.profile}; {counts}; backends:"]
+    for name, (note, why) in backend_status(state.all_kernels).items():
         lines.append(f"  {name}: {why and 'unavailable: ' + why or note}")
     for source, err in registry.load_errors().items():
         lines.append(f"  {source} failed to load: {err}")
@@ -190,27 +183,23 @@ def pytest_report_header(config):
 
 
 def pytest_generate_tests(metafunc):
+    """Each family's (case, kernel) pairs into the fixtures its checks take (a fixture several
+    families share, the generic checks', gets them all), and its kernels into its kernel fixture."""
     state = metafunc.config.stash.get(STATE, None)
     if state is None:
         return
-    if "case_kernel" in metafunc.fixturenames:
-        params, ids = [], []
-        for case in state.cases:
-            for kernel in state.kernels:
-                if kernel.op == case.op:
-                    params.append((case, kernel))
-                    ids.append(f"{case.id}-{kernel.name}")
-        metafunc.parametrize("case_kernel", params, ids=ids)
-    elif "kernel" in metafunc.fixturenames:
-        metafunc.parametrize("kernel", state.kernels, ids=[f"{k.op}-{k.name}" for k in state.kernels])
-    for fixture, pairs in (("fused_case_kernel", state.fused_pairs), ("fused_backward_case_kernel", state.fused_backward_pairs)):
+    by_fixture: dict[str, list] = {}
+    for run in state.runs.values():
+        for fixture, pairs in ((run.family.forward_fixture, run.pairs), (run.family.backward_fixture, run.backward_pairs)):
+            if fixture:
+                by_fixture.setdefault(fixture, []).extend(pairs)
+        by_fixture.setdefault(run.family.kernel_fixture, []).extend(run.kernels)
+    by_fixture.update(state.fused_property_pairs)
+    for fixture, values in by_fixture.items():
         if fixture in metafunc.fixturenames:
-            metafunc.parametrize(fixture, pairs, ids=[f"{c.id}-{k.name}" for c, k in pairs])
-    for fixture, pairs in state.fused_property_pairs.items():
-        if fixture in metafunc.fixturenames:
-            metafunc.parametrize(fixture, pairs, ids=[f"{c.id}-{k.name}" for c, k in pairs])
-    if "fused_kernel" in metafunc.fixturenames:
-        metafunc.parametrize("fused_kernel", state.fused_kernels, ids=[f"{k.op}-{k.name}" for k in state.fused_kernels])
+            ids = [f"{v[0].id}-{v[1].name}" if isinstance(v, tuple) else f"{v.op}-{v.name}" for v in values]
+            metafunc.parametrize(fixture, values, ids=ids)
+            return
 
 
 @pytest.fixture
@@ -223,7 +212,7 @@ def record(node: pytest.Item, **fields) -> None:
     node.user_properties.append(("normdiff", fields))
 
 
-def expect_known_issue(request, kernel: NormKernel, case: Case) -> None:
+def expect_known_issue(request, kernel: KernelContract, case: Case) -> None:
     """Mark a check of a declared known issue (NormKernel.known_issue) as expected to fail:
     strictly, so that the day it passes the declaration must go, unless the kernel says the issue
     may pass on some machines (NormKernel.known_issue_may_pass); such a check that passes is

@@ -100,6 +100,7 @@ def _warm(kernel, x, weight, bias, device) -> None:
     assert callpath.state(kernel)["signatures"], f"{kernel.name}: valid calls left no plan behind"
 
 
+@pytest.mark.needs("small")
 def test_rejects_bad_input(kernel_bad):
     """Refused with the error that names the problem, also once valid calls of nearby signatures
     have left their plans behind (warm): the fast path never accepts what validation refuses."""
@@ -120,6 +121,7 @@ def _affine(kernel, device, n=N, dtype=torch.float32):
     return w, (torch.zeros_like(w) if kernel.op == "layer_norm" else None)
 
 
+@pytest.mark.needs("small")
 def test_empty_batch_returns_empty_outputs(kernel):
     device = _runnable(kernel)
     x, w, b = _valid_inputs(kernel, device, (2, 0, _valid_n(kernel)))
@@ -132,6 +134,7 @@ def test_empty_batch_returns_empty_outputs(kernel):
         assert stat is None or (stat.shape == (2, 0) and stat.dtype == torch.float32)
 
 
+@pytest.mark.needs("small")
 def test_output_shapes_follow_input(kernel):
     device = _runnable(kernel)
     x, w, b = _valid_inputs(kernel, device, (2, 3, _valid_n(kernel)))

@@ -5,6 +5,7 @@ from harness.judging import runner
 from harness.plugin import expect_known_issue, record
 
 
+@pytest.mark.needs("oracle")
 def test_against_oracle(case_kernel, harness_state, request):
     case, kernel = case_kernel
     expect_known_issue(request, kernel, case)

@@ -4,15 +4,16 @@ backward, and the inputs the interface refuses (harness.judging.fused_runner).""
 import pytest
 import torch
 
-from harness.judging import fused_runner
+from harness.judging.family import family
 from harness.plugin import expect_known_issue, record
 from impls.fused import ADD_OPS, BASE_OP, NormInputError
 
 
+@pytest.mark.needs("oracle")
 def test_fused_against_oracle(fused_case_kernel, harness_state, request):
     case, kernel = fused_case_kernel
     expect_known_issue(request, kernel, case)
-    result = fused_runner.check_fused(kernel, case, oracle=harness_state.fused_oracle, watch=harness_state.watch)
+    result = family(kernel.family).check(kernel, case, watch=harness_state.watch)
     if result.skipped:
         pytest.skip(result.skipped)
     record(request.node, errors=[e.to_dict() for e in result.errors], findings=[f.__dict__ for f in result.findings],
@@ -20,10 +21,11 @@ def test_fused_against_oracle(fused_case_kernel, harness_state, request):
     assert result.ok, result.failure_message()
 
 
+@pytest.mark.needs("backward")
 def test_fused_backward(fused_backward_case_kernel, harness_state, request):
     case, kernel = fused_backward_case_kernel
     expect_known_issue(request, kernel, case)
-    result = fused_runner.check_fused_backward(kernel, case, oracle=harness_state.fused_oracle, watch=harness_state.watch)
+    result = family(kernel.family).check_backward(kernel, case, watch=harness_state.watch)
     if result.skipped:
         pytest.skip(result.skipped)
     record(request.node, errors=[e.to_dict() for e in result.errors], findings=[f.__dict__ for f in result.findings])
@@ -70,6 +72,7 @@ def _bad_calls(op: str):
     return calls
 
 
+@pytest.mark.needs("small")
 def test_fused_bad_input(fused_kernel):
     """Every fused kernel, available here or not, refuses each bad call with a NormInputError
     that names the problem, before any backend code runs."""

@@ -38,6 +38,7 @@ def pytest_generate_tests(metafunc):
         f"{k.op}-{k.name}-" + "-".join(str(p) for p in b if p is not None) for k, b in params])
 
 
+@pytest.mark.needs("small")
 def test_compiles_offline(offline_build, request):
     kernel, build = offline_build
     try:

@@ -22,6 +22,7 @@ import pytest
 
 from harness.judging import properties
 from harness.running import memory_watch
+from tests.check_needs import need_of
 from harness.judging.cases import backward_catalogue, catalogue
 from harness.running.memory import GIB, fmt
 from impls import registry
@@ -86,13 +87,13 @@ def test_estimates_hold_the_measured_peaks(run):
     meta = json.loads(run.read_text())
     rows = read_rows(meta)
     kernels = selection(meta)
-    watch = SimpleNamespace(state=SimpleNamespace(kernels=kernels))  # what MemoryWatch.estimate reads
+    watch = SimpleNamespace(state=SimpleNamespace(all_kernels=kernels))  # what MemoryWatch.estimate reads
     cases, by_name = full_cases(meta["profile"]), {(k.name, k.op): k for k in kernels}
     checked = []  # (estimate, peak, outcome, nodeid, parts)
     for nodeid, outcome, peak in rows:
         assert outcome in OUTCOMES, f"{nodeid}: outcome {outcome!r}"
         test, case, kernel = parse(nodeid, cases, by_name)
-        est = memory_watch.MemoryWatch.estimate(watch, {"test": test}, kernel, case)
+        est = memory_watch.MemoryWatch.estimate(watch, {"test": test, "needs": need_of(test)}, kernel, case)
         checked.append((est.total, peak, outcome, nodeid, est))
     assert len(checked) == len(rows) > 0
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness.judging.cases import catalogue
 from harness.running import estimate
+from tests.check_needs import need_of
 from impls import registry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,20 +25,20 @@ def _kernels(op: str):
 def test_a_property_check_counts_the_cache_held_and_nothing_more():
     case = max((c for c in catalogue("full") if c.op == "layer_norm" and c.rows * c.n < 2**26), key=lambda c: c.rows * c.n)
     kernel, *peers = _kernels("layer_norm")
-    worst = estimate.check_estimate("test_deterministic", case, kernel, peers=peers)
+    worst = estimate.check_estimate(need_of("test_deterministic"), case, kernel, peers=peers)
     assert worst.parts["held"] > 0  # a catalogue case: the worst case counts every kernel's cache
-    clean = estimate.as_held(worst, "test_deterministic", case, kernel, 0)
+    clean = estimate.as_held(worst, need_of("test_deterministic"), case, kernel, 0)
     assert clean.total == worst.total - worst.parts["held"]
-    assert estimate.as_held(worst, "test_deterministic", case, kernel, 12345).total == clean.total + 12345
+    assert estimate.as_held(worst, need_of("test_deterministic"), case, kernel, 12345).total == clean.total + 12345
 
 
 def test_an_oracle_check_counts_what_it_adds_to_the_cache_held():
     case = next(c for c in catalogue("full") if c.op == "rms_norm" and c.shape == (1025, 4096) and c.dist == "normal")
     kernel, *peers = _kernels("rms_norm")
-    worst = estimate.check_estimate("test_against_oracle", case, kernel, peers=peers)
+    worst = estimate.check_estimate(need_of("test_against_oracle"), case, kernel, peers=peers)
     first = estimate.held_bytes(False, case, (), judged=(kernel,))
-    assert estimate.as_held(worst, "test_against_oracle", case, kernel, 0).parts["held"] == first < worst.parts["held"]
-    held = estimate.as_held(worst, "test_against_oracle", case, kernel, 10**12)  # never above the worst case
+    assert estimate.as_held(worst, need_of("test_against_oracle"), case, kernel, 0).parts["held"] == first < worst.parts["held"]
+    held = estimate.as_held(worst, need_of("test_against_oracle"), case, kernel, 10**12)  # never above the worst case
     assert held.total == worst.total
 
 
@@ -62,7 +63,7 @@ def test_checks_peak_within_the_estimates_admission_used(tmp_path):
     cases = {c.id: c for c in catalogue("quick") + backward_catalogue("quick")}
     below = 0
     for r in measured:
-        if r["test"] in estimate.PROPERTY_TESTS and r["case"] in cases:
-            worst = estimate.check_estimate(r["test"], cases[r["case"]], kernels[r["kernel"]], peers=[])
+        if need_of(r["test"]) in estimate.PROPERTY_NEEDS and r["case"] in cases:
+            worst = estimate.check_estimate(need_of(r["test"]), cases[r["case"]], kernels[r["kernel"]], peers=[])
             below += r["mem_estimate"] < worst.total
     assert below > 0

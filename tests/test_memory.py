@@ -9,6 +9,8 @@ import weakref
 from pathlib import Path
 
 import pytest
+
+from tests.check_needs import need_of
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -80,7 +82,7 @@ def test_estimate_covers_measured_allocations(op):
         live = LiveBytes()
         with live:
             calls[test](case)
-        est = estimate.check_estimate(test, case, k)
+        est = estimate.check_estimate(need_of(test), case, k)
         assert live.peak <= est.total, f"{test} {case.id}: measured {live.peak} > estimate {est.total} ({est.describe()})"
         own = est.total - est.parts["worker"]  # the worker's own buffers are no allocation of the check's
         assert own < 8 * live.peak + 2 * MIB, f"{test} {case.id}: estimate {own} far above {live.peak} ({est.describe()})"
@@ -112,15 +114,15 @@ def test_estimate_is_the_stated_formula_on_the_full_catalogue():
     peers = [eager("rms_norm")] * 3  # rounding "once": their outputs only
     for test, cases in (("test_against_oracle", catalogue("full")), ("test_backward", backward_catalogue("full"))):
         for c in (c for c in cases if c.op == "rms_norm"):
-            got = estimate.check_estimate(test, c, k, peers=peers).total
+            got = estimate.check_estimate(need_of(test), c, k, peers=peers).total
             assert got == formula(test, c, len(peers)), (test, c.id)
     # Beyond 2**31 elements a project kernel's check fits a 24 GiB card (x, its snapshot and y,
     # judged in chunks); an eager one's upcasts do not.
     registry.load_builtins()
     project = next(k for k in registry.kernels(["triton"]) if k.op == "rms_norm")
     huge = next(c for c in catalogue("full") if c.rows * c.n >= 2**31 and c.op == "rms_norm" and c.dtype == "bfloat16")
-    assert estimate.check_estimate("test_against_oracle", huge, project).total < memory.default_budget(0, 24 * GIB)
-    assert estimate.check_estimate("test_against_oracle", huge, k).total > 24 * GIB
+    assert estimate.check_estimate(need_of("test_against_oracle"), huge, project).total < memory.default_budget(0, 24 * GIB)
+    assert estimate.check_estimate(need_of("test_against_oracle"), huge, k).total > 24 * GIB
 
 
 def test_sizes_and_messages():
@@ -311,7 +313,8 @@ def gpu_watch(tmp_path, fake, asked=None, budget=20 * GIB):
     config = SimpleNamespace(workerinput={"workerid": "gw0", "normdiff_dir": str(tmp_path), "normdiff_gpu": "0",
                                           "normdiff_workers_on_gpu": 2, "normdiff_gpu_budget": budget},
                              getoption=lambda name: asked if name == "gpu_memory" else None)
-    records = {"t::a": {"test": "test_against_oracle", "kernel": kernel.name, "op": "rms_norm", "case": case.id}}
+    records = {"t::a": {"test": "test_against_oracle", "needs": "oracle", "kernel": kernel.name, "op": "rms_norm",
+                        "case": case.id}}
     state = SimpleNamespace(records=records, kernels=[kernel], kernel_index={(kernel.name, "rms_norm"): kernel},
                             case_index={case.id: case}, device_for=lambda k: "cuda")
     return MemoryWatch(config, state), case, kernel

@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "harness"
 ORDER = ("judging", "report", "running", "benchmarks", "repro")
-ENTRY_POINTS = {"plugin", "bench", "entry", "doctor", "bench_gpus", "warm", "measure"}  # with test_*.py
+ENTRY_POINTS = {"plugin", "bench", "entry", "doctor", "bench_gpus", "warm", "measure", "families"}  # with test_*.py
 
 
 def harness_imports(source: str) -> set[str]:

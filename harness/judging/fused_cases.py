@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from harness.judging.cases import AFFINE_ID, ALL, BF16, BOTH, DTYPES, F32, F32_BF16, FULL, QUICK, Case, catalogue, grid
+from harness.judging.runner import device_for
 from impls.fused import ADD_OPS, BASE_OP, WRITES, FusedSpec
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -293,6 +294,18 @@ def with_writes(cases: list[FusedCase], kernel, device: str, backward: bool = Fa
     return list(out.values())
 
 
+def write_pairs(cases: list[FusedCase], kernels: list, backward: bool = False) -> list[tuple]:
+    """(case, kernel) for every fused kernel, each case in the write conventions the kernel runs it
+    in (fused_cases.with_writes); the kernels of one case id together, cases in the catalogue's order."""
+    runs = {k: {c.id for c in with_writes(cases, k, device_for(k), backward)} for k in kernels}
+    pairs = []
+    for case in cases:
+        for write in WRITES:
+            moved = replace(case, write=write)
+            pairs += [(moved, k) for k in kernels if moved.id in runs[k]]
+    return pairs
+
+
 def fused_catalogue(profile: str = "quick", rows: tuple[FusedRows, ...] = FUSED_ROWS) -> list[FusedCase]:
     """The profile's fused cases, without duplicates (harness.judging.cases.catalogue on these rows)."""
     return catalogue(profile, rows)
@@ -326,4 +339,4 @@ def fused_case_from_id(case_id: str) -> FusedCase:
         out_dtype=m["fp8"], scale=float(m["scale"]) if m["scale"] else None)
 
 
-__all__ = ["FusedCase", "fused_catalogue", "fused_backward_catalogue", "fused_case_from_id", "with_writes"]
+__all__ = ["FusedCase", "fused_catalogue", "fused_backward_catalogue", "fused_case_from_id", "with_writes", "write_pairs"]

@@ -16,12 +16,12 @@ def results(doc: dict) -> list[dict]:
             continue  # not a normdiff benchmark
         median = b["stats"]["median"]
         gbps = ei["bytes"] / median / 1e9
-        fused = ei.get("family") == "fused"
         rows.append({
-            # The fused ops' rows (harness/benchmarks/bench_fused.py) are their own tables and
-            # targets: ``case`` is the op with the call's choices (write convention, fp8 output, ...),
-            # the op itself for a plain row; ``baseline`` the kernel their speedups are against.
-            "family": "fused" if fused else "plain", "case": ei.get("case") or ei["op"],
+            # Another family's rows (the fused ops', harness/benchmarks/bench_fused.py) are tables
+            # and targets of their own: ``case`` is the op with the call's choices (write convention,
+            # fp8 output, ...), the op itself for a plain row; ``baseline`` the kernel their speedups
+            # are against.
+            "family": ei.get("family") or "plain", "case": ei.get("case") or ei["op"],
             "title": ei.get("case_title") or OP_TITLE.get(ei["op"], ei["op"]), "baseline": ei.get("baseline"),
             "op": ei["op"], "dtype": ei["dtype"], "m": ei["m"], "n": ei["n"], "regime": ei["regime"],
             "repeat": ei.get("repeat", 0), "kernel": ei["kernel"], "group": b.get("group"),
@@ -46,7 +46,8 @@ def plain_rows(rows: list[dict]) -> list[dict]:
 
 
 def fused_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r.get("family") == "fused"]
+    """The rows of every family but the plain one, each case a table of its own."""
+    return [r for r in rows if r.get("family", "plain") != "plain"]
 
 
 def ceiling_of(doc: dict, rows: list[dict]) -> float | None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from harness.report.outcomes import fmt
 
+from harness.judging.family import family
+
 MIB = 2**20
 # Per element judged at once, the float64 temporaries a comparison holds together
 # (harness.judging.compare.compare: o, err, u, allowed, ratio, score and where()'s results).
@@ -28,12 +30,13 @@ SMALL_SHAPE = (4, 64)  # those inputs' shape (harness/test_bad_input.py), for th
 # The largest case harness/test_fuzz.py draws on the full profile: 4,000,000 elements in rows of
 # up to 70,000 (at most 300 rows), 64 elements of padding a row, float32.
 FUZZ_SHAPE, FUZZ_PAD = (300, 13334), 64
-SMALL_TESTS = ("test_rejects_bad_input", "test_empty_batch_returns_empty_outputs",
-               "test_output_shapes_follow_input", "test_compiles_offline")
-PROPERTY_TESTS = ("test_deterministic", "test_batch_invariant", "test_backward_deterministic",
-                  "test_backward_batch_invariant")
-FUSED_PROPERTY_TESTS = ("test_fused_deterministic", "test_fused_batch_invariant", "test_fused_backward_deterministic",
-                        "test_fused_backward_batch_invariant")
+# What a check declares it needs (@pytest.mark.needs on each check function): "oracle" and
+# "backward" (its catalogue case against the oracle), the property checks (PROPERTY_NEEDS), "drawn"
+# and "drawn_backward" (the hypothesis-drawn cases), "small" (fixed small inputs). Its family
+# (harness.judging.family) says what such a check of its kernels allocates.
+NEEDS = ("oracle", "backward", "determinism", "batch", "backward_determinism", "backward_batch", "drawn",
+         "drawn_backward", "small")
+PROPERTY_NEEDS = ("determinism", "batch", "backward_determinism", "backward_batch")
 
 ESTIMATE_DOC = """\
 E = rows x N elements, S = rows x (N + pad) stored, B = the dtype's bytes, R = rows, C = the
@@ -101,36 +104,48 @@ def _whole_and_chunk(case) -> tuple[bool, int]:
     return True, e
 
 
-def check_estimate(test: str, case, kernel, peers=(), device: str = "cuda") -> Estimate:
-    """The device bytes check ``test`` of ``kernel`` on ``case`` needs at its peak (ESTIMATE_DOC);
-    ``peers``: the run's other kernels of the op, whose outputs the agreement matrix may keep."""
+def check_estimate(need: str, case, kernel, peers=(), device: str = "cuda") -> Estimate:
+    """The device bytes a check of kernel on ``case`` that declares ``need`` (NEEDS) uses at its
+    peak (ESTIMATE_DOC), as the kernel's family counts them; ``peers``: the run's other kernels of
+    the op, whose outputs the agreement matrix may keep."""
+    if need not in NEEDS:
+        raise ValueError(f"a check declares the need {need!r}; known: {', '.join(NEEDS)}")
     parts = {"worker": WORKER_BYTES}
-    if test in ("test_fuzz", "test_fuzz_backward"):
-        from harness.judging.cases import Case
-
-        drawn = Case(kernel.op, "float32", FUZZ_SHAPE, row_pad=FUZZ_PAD,
-                     dy_dist="normal" if test == "test_fuzz_backward" else None)
-        parts.update(_oracle_check(test == "test_fuzz_backward", drawn, kernel, (), device))
-    elif test == "test_fused_fuzz":
-        from harness.judging.fused_cases import FusedCase
-
-        parts.update(_fused_check(False, FusedCase(kernel.op, "float32", FUZZ_SHAPE, row_pad=FUZZ_PAD), kernel, device))
-    elif test in FUSED_PROPERTY_TESTS and case is not None:
-        parts.update(_fused_property_check(test, case, kernel, device))
-    elif test.startswith("test_fused") and case is not None:
-        parts.update(_fused_check(test == "test_fused_backward", case, kernel, device))
-    elif case is None or test in SMALL_TESTS:
+    if need == "small" or (case is None and not need.startswith("drawn")):
         from harness.judging.cases import Case
 
         small = Case(kernel.op, "float32", SMALL_SHAPE)
         parts.update(inputs=SMALL_INPUT_BYTES, workspace=workspace_bytes(kernel, small, device))
-    elif test in PROPERTY_TESTS:
-        parts.update(_property_check(test, case, kernel, device))
-        if held_after_oracle_checks(test, case):
-            parts["held"] = held_bytes(test.startswith("test_backward"), case, (kernel, *peers), device)
     else:
-        parts.update(_oracle_check(test.startswith("test_backward"), case, kernel, peers, device))
+        parts.update(family(kernel.family).estimate(need, case, kernel, peers, device))
     return Estimate(sum(parts.values()), parts)
+
+
+def plain_parts(need: str, case, kernel, peers, device: str) -> dict[str, int]:
+    """The plain family's checks (harness.families.PlainFamily.estimate)."""
+    if need in ("drawn", "drawn_backward"):
+        from harness.judging.cases import Case
+
+        backward = need == "drawn_backward"
+        drawn = Case(kernel.op, "float32", FUZZ_SHAPE, row_pad=FUZZ_PAD, dy_dist="normal" if backward else None)
+        return _oracle_check(backward, drawn, kernel, (), device)
+    if need in PROPERTY_NEEDS:
+        parts = _property_check(need, case, kernel, device)
+        if held_after_oracle_checks(need, case):
+            parts["held"] = held_bytes(need.startswith("backward"), case, (kernel, *peers), device)
+        return parts
+    return _oracle_check(need == "backward", case, kernel, peers, device)
+
+
+def fused_parts(need: str, case, kernel, peers, device: str) -> dict[str, int]:
+    """The fused family's checks (harness.families.FusedFamily.estimate)."""
+    if need == "drawn":
+        from harness.judging.fused_cases import FusedCase
+
+        return _fused_check(False, FusedCase(kernel.op, "float32", FUZZ_SHAPE, row_pad=FUZZ_PAD), kernel, device)
+    if need in PROPERTY_NEEDS:
+        return _fused_property_check(need, case, kernel, device)
+    return _fused_check(need == "backward", case, kernel, device)
 
 
 def _oracle_check(backward: bool, case, kernel, peers, device: str) -> dict[str, int]:
@@ -168,7 +183,7 @@ def _fused_check(backward: bool, case, kernel, device: str) -> dict[str, int]:
     return parts
 
 
-def _fused_property_check(test: str, case, kernel, device: str) -> dict[str, int]:
+def _fused_property_check(need: str, case, kernel, device: str) -> dict[str, int]:
     """harness/test_fused_properties.py (harness.judging.fused_properties): x's and residual's
     buffers, the case's and a fresh copy per call; two calls' outputs (backward: the saved forward
     and two calls' gradients, dy and residual_out's gradient); the bit comparison; batch
@@ -178,12 +193,12 @@ def _fused_property_check(test: str, case, kernel, device: str) -> dict[str, int
     rb = case.residual_torch_dtype.itemsize if case.residual_torch_dtype else 0
     buffers = s * (b + rb) + 1024
     made = e * ((1 if case.out_dtype else b) + max(rb, 4)) + 8 * r  # y, residual_out, the statistics
-    backward = "backward" in test
+    backward = need.startswith("backward")
     parts = {"inputs": 3 * buffers + 4 * n * b, "outputs": (3 if backward else 2) * made,
              "compare": max(workspace_bytes(kernel, case, device), BITS_BYTES_PER_ELEMENT * e)}
     if backward:
         parts["backward"] = 3 * e * (b + rb) + 4 * n * b
-    if test.endswith("batch_invariant"):
+    if need.endswith("batch"):
         from harness.judging.properties import BATCH_SIZES
 
         parts["batches"] = 4 * max(BATCH_SIZES + tuple(kernel.m_thresholds(case.spec(device)))) * n * 8 + 2 * 8 * n
@@ -193,18 +208,18 @@ def _fused_property_check(test: str, case, kernel, device: str) -> dict[str, int
     return parts
 
 
-def _property_check(test: str, case, kernel, device: str) -> dict[str, int]:
+def _property_check(need: str, case, kernel, device: str) -> dict[str, int]:
     """Determinism and batch invariance (harness.judging.properties): fresh inputs, the calls' outputs,
     then the bit comparison."""
     b, n, r, e, s = _sizes(case)
-    backward = test.startswith("test_backward")
+    backward = need.startswith("backward")
     calls = 3 if getattr(kernel, "project", False) and not backward else 2
     made = e * b + 8 * r + (2 * n * b if backward else 0)  # a call's outputs (or gradients)
     parts = {"inputs": s * b + 2 * n * b, "outputs": calls * made,
              "compare": max(workspace_bytes(kernel, case, device), BITS_BYTES_PER_ELEMENT * e)}
     if backward:
         parts.update({"dy": s * b, "saved forward": e * b + 8 * r})
-    if test.endswith("batch_invariant"):
+    if need.endswith("batch"):
         from harness.judging.properties import BATCH_SIZES
 
         parts["batches"] = 4 * max(BATCH_SIZES + tuple(kernel.m_thresholds(case.spec(device)))) * n * 8 + 2 * 8 * n
@@ -212,10 +227,10 @@ def _property_check(test: str, case, kernel, device: str) -> dict[str, int]:
     return parts
 
 
-def held_after_oracle_checks(test: str, case) -> bool:
+def held_after_oracle_checks(need: str, case) -> bool:
     """Whether a property check's case is one the oracle checks (test_against_oracle,
     test_backward) also run: its worker may run it right after them, their cache still held."""
-    backward = test.startswith("test_backward")
+    backward = need.startswith("backward")
     return case.id in _oracle_case_ids(backward)
 
 
@@ -246,7 +261,7 @@ def held_bytes(backward: bool, case, kept_from, device: str = "cuda", judged=())
     return held + sum(_kept_by(k, case, _outputs(case), backward) for k in kept_from)
 
 
-def as_held(est: Estimate, test: str, case, kernel, cached: int, device: str = "cuda") -> Estimate:
+def as_held(est: Estimate, need: str, case, kernel, cached: int, device: str = "cuda") -> Estimate:
     """``est`` with its cache counted as the worker holds it when the check is admitted: ``cached``,
     the bytes its caches hold then (memory_watch.cache_bytes), in place of the worst case (the
     cache with every kernel of the op kept, whether or not this worker ran them). A property check
@@ -255,8 +270,8 @@ def as_held(est: Estimate, test: str, case, kernel, cached: int, device: str = "
     outputs are its "outputs" part); every other check adds nothing either (ESTIMATE_DOC, held)."""
     parts = dict(est.parts)
     worst = parts.pop("held", 0)
-    if "held" in est.parts and test not in PROPERTY_TESTS:
-        first = held_bytes(test.startswith("test_backward"), case, (), device, judged=(kernel,))
+    if "held" in est.parts and need not in PROPERTY_NEEDS:
+        first = held_bytes(need == "backward", case, (), device, judged=(kernel,))
         parts["held"] = min(worst, cached + first)
     else:
         parts["held"] = cached

@@ -137,8 +137,8 @@ class MemoryWatch:
         return rec, kernel, self.state.case_index.get(rec.get("case")), self.state.device_for(kernel)
 
     def estimate(self, rec, kernel, case) -> estimate.Estimate:
-        peers = [k for k in self.state.kernels if k.op == kernel.op and k is not kernel]
-        return estimate.check_estimate(rec["test"], case, kernel, peers=peers)
+        peers = [k for k in self.state.all_kernels if k.family == kernel.family and k.op == kernel.op and k is not kernel]
+        return estimate.check_estimate(rec["needs"], case, kernel, peers=peers)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):
@@ -153,7 +153,7 @@ class MemoryWatch:
         fields: dict = {}
         if gpu:
             self._setup(card)
-            clean = estimate.as_held(est, rec["test"], case, kernel, 0)  # in a worker that holds no cache
+            clean = estimate.as_held(est, rec["needs"], case, kernel, 0)  # in a worker that holds no cache
             fields.update(mem_estimate=clean.total, mem_budget=self.budget)
             if clean.total + memory.CONTEXT_BYTES > self.budget:
                 self._record(pyfuncitem, fields)
@@ -196,10 +196,10 @@ class MemoryWatch:
     def _need(self, est, rec, kernel, case) -> estimate.Estimate:
         """The check's estimate with the cache its worker holds now (estimate.as_held); one that
         would not fit beside that cache drops it first (it fits without: checked up front)."""
-        need = estimate.as_held(est, rec["test"], case, kernel, cache_bytes(self.card))
+        need = estimate.as_held(est, rec["needs"], case, kernel, cache_bytes(self.card))
         if need.total + memory.CONTEXT_BYTES > self.budget and need.parts.get("held"):
             self._free_all(True)
-            need = estimate.as_held(est, rec["test"], case, kernel, cache_bytes(self.card))
+            need = estimate.as_held(est, rec["needs"], case, kernel, cache_bytes(self.card))
         return need
 
     def _start(self, gpu: bool) -> None:
@@ -363,8 +363,8 @@ def deselect_below(state, items) -> None:
         kernel = rec and kernels.get((rec["kernel"], rec["op"]))
         if kernel is None:
             return True
-        peers = [k for k in state.kernels if k.op == kernel.op and k is not kernel]
-        return estimate.check_estimate(rec["test"], cases.get(rec.get("case")), kernel, peers=peers).total < floor
+        peers = [k for k in state.all_kernels if k.family == kernel.family and k.op == kernel.op and k is not kernel]
+        return estimate.check_estimate(rec["needs"], cases.get(rec.get("case")), kernel, peers=peers).total < floor
 
     marked = {i.nodeid: below(i) for i in items}
     drop = [i for i in items if marked[i.nodeid]]

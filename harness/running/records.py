@@ -35,7 +35,8 @@ def collect_records(state, items) -> None:
                     case = v
         if kernel is None:
             continue
-        rec = {"test": item.originalname, "kernel": kernel.name, "backend": kernel.backend, "op": kernel.op}
+        rec = {"test": item.originalname, "kernel": kernel.name, "backend": kernel.backend, "op": kernel.op,
+               "family": kernel.family, "needs": needs_of(item)}
         if case is not None:
             rec.update(case=case.id, dtype=case.dtype, tags=list(case.tags), **case.record_fields())
             if hasattr(kernel, "declaration"):
@@ -59,6 +60,16 @@ def collect_records(state, items) -> None:
     state.collected = True
     if not isolation.worker_id(state.config):  # a worker's is marked by the controller (Controller)
         clock.mark(state.config, clock.MAIN, "collected")
+
+
+def needs_of(item) -> str:
+    """What a check declares it needs (``@pytest.mark.needs("oracle")`` on its function): the
+    memory estimate reads it, never the function's name."""
+    mark = item.get_closest_marker("needs")
+    if mark is None or not mark.args:
+        raise pytest.UsageError(f"{item.nodeid}: a check of a kernel declares what it needs, e.g. "
+                                "@pytest.mark.needs(\"oracle\") (harness.running.estimate.NEEDS)")
+    return mark.args[0]
 
 
 def save_collection(state) -> None:

@@ -19,9 +19,9 @@ from harness.running.records import collect_records, fold_report, save_collectio
 from harness.report import add_agreement_cell
 from harness.report.phases import summarise as summarise_phases
 from harness.running.run import backend_status, environment, invocation, is_benchmark_run, point_latest, report_dir
-from harness.judging.fused_runner import FusedOracleCache
+from harness.judging.family import Family
 from harness.judging.runner import CheckResult, OracleCache, device_for
-from impls.base import NormKernel
+from impls.contract import KernelContract
 
 
 def quick_cpu_kept(case: Case, every: int) -> bool:
@@ -31,24 +31,30 @@ def quick_cpu_kept(case: Case, every: int) -> bool:
     return zlib.crc32(f"quick-cpu:{case.id}".encode()) % every == 0
 
 
+@dataclass
+class FamilyRun:
+    """What a run selects of one family (harness.judging.family): its kernels, its forward and
+    backward cases, and the (case, kernel) pairs its checks run."""
+
+    family: Family
+    kernels: list[KernelContract]
+    cases: list[Case]
+    backward_cases: list[Case]
+    pairs: list[tuple]
+    backward_pairs: list[tuple]
+
+
 @dataclass(eq=False)  # hashed by identity: pytest keeps the plugin objects it has seen in a set
 class HarnessState:
-    kernels: list[NormKernel]
-    cases: list[Case]
+    runs: dict[str, FamilyRun]  # by family name
     profile: str
     selection: dict
-    backward_cases: list[Case] = field(default_factory=list)  # harness/test_backward.py's
     batch_cases: list[Case] = field(default_factory=list)  # harness/test_properties.py's
     backward_batch_cases: list[Case] = field(default_factory=list)  # harness/test_backward.py's batch invariance
-    fused_kernels: list[NormKernel] = field(default_factory=list)  # the fused family's (harness/test_fused.py)
-    # (case, kernel): each fused case in the write conventions its kernel runs it in
-    fused_pairs: list[tuple] = field(default_factory=list)
-    fused_backward_pairs: list[tuple] = field(default_factory=list)
     # harness/test_fused_properties.py's (case, kernel) per fixture (harness.judging.fused_properties)
     fused_property_pairs: dict[str, list[tuple]] = field(default_factory=dict)
     records: dict[str, dict] = field(default_factory=dict)  # nodeid -> record
-    oracle: OracleCache = field(default_factory=OracleCache)
-    fused_oracle: FusedOracleCache = field(default_factory=FusedOracleCache)
+    oracle: OracleCache = field(default_factory=OracleCache)  # harness/test_differential.py's and the agreement's
     # Agreement: (op, dtype, kernel_a, kernel_b) -> [max difference in allowed errors, cases, worst case]
     agreement: dict[tuple[str, str, str, str], list] = field(default_factory=dict)
     # Kernels compiled without being run (compile-only checks), for the report's compiled section.
@@ -66,33 +72,41 @@ class HarnessState:
     started: float = field(default_factory=time.time)
     _last_write: float = field(default_factory=time.time)
 
+    # The check files of the project's families read their own runs by these names.
+    kernels = property(lambda self: self._run("plain").kernels)
+    cases = property(lambda self: self._run("plain").cases)
+    backward_cases = property(lambda self: self._run("plain").backward_cases)
+    fused_kernels = property(lambda self: self._run("fused").kernels)
+    fused_pairs = property(lambda self: self._run("fused").pairs)
+    fused_backward_pairs = property(lambda self: self._run("fused").backward_pairs)
+
+    def _run(self, name: str) -> FamilyRun:
+        return self.runs.get(name) or FamilyRun(None, [], [], [], [], [])
+
+    @property
+    def all_kernels(self) -> list[KernelContract]:
+        return [k for run in self.runs.values() for k in run.kernels]
+
     @functools.cached_property
     def case_index(self) -> dict[str, Case]:
         """Every case a check of this run draws inputs from, by id (built once: the scheduler reads
         it per check): it weighs checks by their case's size and keeps the largest in few lanes per
         GPU (their GPU memory). The batch-invariance cases are among the largest (4096 x 65536 on
         the full profile)."""
-        return {c.id: c for c in self.cases + self.backward_cases + self.batch_cases + self.backward_batch_cases
-                + self.fused_cases + self.fused_backward_cases
-                + [c for pairs in self.fused_property_pairs.values() for c, _ in pairs]}
+        cases = [c for run in self.runs.values() for c in run.cases + run.backward_cases]
+        cases += [c for run in self.runs.values() for c, _ in run.pairs + run.backward_pairs]
+        cases += [c for pairs in self.fused_property_pairs.values() for c, _ in pairs]
+        return {c.id: c for c in cases + self.batch_cases + self.backward_batch_cases}
 
     @property
-    def fused_cases(self) -> list[Case]:
-        return list({c.id: c for c, _ in self.fused_pairs}.values())
-
-    @property
-    def fused_backward_cases(self) -> list[Case]:
-        return list({c.id: c for c, _ in self.fused_backward_pairs}.values())
-
-    @property
-    def kernel_index(self) -> dict[tuple[str, str], NormKernel]:
-        return {(k.name, k.op): k for k in self.kernels + self.fused_kernels}
+    def kernel_index(self) -> dict[tuple[str, str], KernelContract]:
+        return {(k.name, k.op): k for k in self.all_kernels}
 
     @staticmethod
-    def device_for(kernel: NormKernel) -> str:
+    def device_for(kernel: KernelContract) -> str:
         return device_for(kernel)
 
-    def left_out(self, kernel: NormKernel, case: Case) -> str | None:
+    def left_out(self, kernel: KernelContract, case: Case) -> str | None:
         """Why the quick profile on the CPU leaves this (case, kernel) pair out
         (``NormKernel.quick_cpu_every``), or None: cases sampled by quick_cpu_kept, known issues
         always kept. Applied at collection to every check of the pair."""
@@ -125,9 +139,9 @@ class HarnessState:
             records=self.records,
             agreement=self.agreement,
             compiled=self.compiled,
-            backends=backend_status(self.kernels + self.fused_kernels),
+            backends=backend_status(self.all_kernels),
             selection=self.selection,
-            environment=environment(self.kernels + self.fused_kernels),
+            environment=environment(self.all_kernels),
             command=invocation(config),
             elapsed=time.time() - self.started,
         )
@@ -162,7 +176,8 @@ class HarnessState:
     def forget_case(self) -> None:
         """Drop the last case's inputs, oracle and kept outputs (its checks are over here)."""
         self.oracle.forget()
-        self.fused_oracle.forget()
+        for run in self.runs.values():
+            run.family.forget()
         self._last_case, self._last_outputs, self._last_scales = None, {}, None
 
     def add_agreement(self, op, dtype, a, b, d, case_id) -> None:
