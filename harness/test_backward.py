@@ -77,10 +77,8 @@ def test_backward_deterministic(backward_determinism_case, request):
     reason = kernel.backward_unsupported(case.spec(device))
     if reason:
         pytest.skip(reason)
-    with properties.judging(kernel, case, device):  # a declared issue that fails the calls: that issue
-        diffs = properties.backward_determinism(kernel, case, device)
-    properties.judge_determinism(functools.partial(record, request.node), diffs, kernel.backward_nondeterministic,
-                                 " backward")
+    properties.check_determinism(functools.partial(record, request.node), kernel, case, device,
+                                 properties.backward_determinism, kernel.backward_nondeterministic, " backward")
 
 
 @pytest.mark.needs("backward_batch")
@@ -93,8 +91,6 @@ def test_backward_batch_invariant(backward_batch_case, request):
     reason = kernel.backward_unsupported(case.spec(device))
     if reason:
         pytest.skip(reason)
-    quick = request.config.stash[STATE].profile == "quick"
-    with properties.judging(kernel, case, device):
-        result = properties.backward_batch_invariance(kernel, case, device, quick=quick)
-    properties.judge_batch(functools.partial(record, request.node), result, kernel.backward_batch_invariant,
-                           kernel.name, "test_backward_deterministic", "dx ")
+    properties.check_batch(functools.partial(record, request.node), kernel, case, device,
+                           properties.backward_batch_invariance, request.config.stash[STATE].profile == "quick",
+                           kernel.backward_batch_invariant, "test_backward_deterministic", "dx ")

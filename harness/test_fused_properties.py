@@ -32,29 +32,23 @@ def _quick(request) -> bool:
 @pytest.mark.needs("determinism")
 def test_fused_deterministic(fused_determinism_case, request):
     case, kernel = fused_determinism_case
-    device = _runnable(case, kernel)
-    with properties.judging(kernel, case, device):
-        diffs = fused_properties.determinism(kernel, case, device)
-    properties.judge_determinism(functools.partial(record, request.node), diffs, kernel.nondeterministic)
+    properties.check_determinism(functools.partial(record, request.node), kernel, case, _runnable(case, kernel),
+                                 fused_properties.determinism, kernel.nondeterministic)
 
 
 @pytest.mark.needs("backward_determinism")
 def test_fused_backward_deterministic(fused_backward_determinism_case, request):
     case, kernel = fused_backward_determinism_case
-    device = _runnable(case, kernel, backward=True)
-    with properties.judging(kernel, case, device):
-        diffs = fused_properties.backward_determinism(kernel, case, device)
-    properties.judge_determinism(functools.partial(record, request.node), diffs, kernel.backward_nondeterministic,
-                                 " backward")
+    properties.check_determinism(functools.partial(record, request.node), kernel, case,
+                                 _runnable(case, kernel, backward=True), fused_properties.backward_determinism,
+                                 kernel.backward_nondeterministic, " backward")
 
 
 @pytest.mark.needs("batch")
 def test_fused_batch_invariant(fused_batch_case, request):
     case, kernel = fused_batch_case
-    device = _runnable(case, kernel)
-    with properties.judging(kernel, case, device):
-        result = fused_properties.batch_invariance(kernel, case, device, quick=_quick(request))
-    properties.judge_batch(functools.partial(record, request.node), result, kernel.batch_invariant, kernel.name,
+    properties.check_batch(functools.partial(record, request.node), kernel, case, _runnable(case, kernel),
+                           fused_properties.batch_invariance, _quick(request), kernel.batch_invariant,
                            "test_fused_deterministic")
 
 
@@ -62,8 +56,6 @@ def test_fused_batch_invariant(fused_batch_case, request):
 def test_fused_backward_batch_invariant(fused_backward_batch_case, request):
     """dx and dresidual of sample rows in batches of other sizes (dw and db are sums over the batch)."""
     case, kernel = fused_backward_batch_case
-    device = _runnable(case, kernel, backward=True)
-    with properties.judging(kernel, case, device):
-        result = fused_properties.backward_batch_invariance(kernel, case, device, quick=_quick(request))
-    properties.judge_batch(functools.partial(record, request.node), result, kernel.backward_batch_invariant,
-                           kernel.name, "test_fused_backward_deterministic", "dx ")
+    properties.check_batch(functools.partial(record, request.node), kernel, case,
+                           _runnable(case, kernel, backward=True), fused_properties.backward_batch_invariance,
+                           _quick(request), kernel.backward_batch_invariant, "test_fused_backward_deterministic", "dx ")

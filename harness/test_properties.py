@@ -39,17 +39,13 @@ def _runnable(case, kernel) -> str:
 @pytest.mark.needs("determinism")
 def test_deterministic(determinism_case, request):
     case, kernel = determinism_case
-    device = _runnable(case, kernel)
-    with properties.judging(kernel, case, device):
-        diffs = properties.determinism(kernel, case, device)
-    properties.judge_determinism(functools.partial(record, request.node), diffs, kernel.nondeterministic)
+    properties.check_determinism(functools.partial(record, request.node), kernel, case, _runnable(case, kernel),
+                                 properties.determinism, kernel.nondeterministic)
 
 
 @pytest.mark.needs("batch")
 def test_batch_invariant(batch_case, request):
     case, kernel = batch_case
-    device = _runnable(case, kernel)
-    with properties.judging(kernel, case, device):
-        result = properties.batch_invariance(kernel, case, device, quick=request.config.stash[STATE].profile == "quick")
-    properties.judge_batch(functools.partial(record, request.node), result, kernel.batch_invariant, kernel.name,
-                           "test_deterministic")
+    properties.check_batch(functools.partial(record, request.node), kernel, case, _runnable(case, kernel),
+                           properties.batch_invariance, request.config.stash[STATE].profile == "quick",
+                           kernel.batch_invariant, "test_deterministic")

@@ -56,6 +56,12 @@ def reference_backward(op: str, x: torch.Tensor, dy: torch.Tensor, weight=None, 
     return NormGrads(dx=dx, dw=dw, db=db)
 
 
+def offset_weight(weight: torch.Tensor | None, weight_offset: float) -> torch.Tensor | None:
+    """The weight a fused call applies, ``weight_offset + w`` in float64 on the weight as stored
+    (Gemma's 1 + w): the oracle's, and the allowance's scale."""
+    return None if weight is None else weight.double() + weight_offset
+
+
 def reference_fused(op: str, x: torch.Tensor, residual=None, weight=None, bias=None, eps: float | None = None,
                     weight_offset: float = 0.0, stats_on: str = "float32_sum",
                     residual_out_dtype: torch.dtype | None = None):
@@ -74,7 +80,7 @@ def reference_fused(op: str, x: torch.Tensor, residual=None, weight=None, bias=N
         src = s.to(keep).double()
     else:
         src = s
-    w = None if weight is None else weight.double() + weight_offset
+    w = offset_weight(weight, weight_offset)
     plain = reference(BASE_OP[op], src, w, bias, eps if eps is not None else DEFAULT_EPS[BASE_OP[op]])
     return FusedOutputs(y=plain.y, residual_out=s if residual is not None else None, mean=plain.mean,
                         rstd=plain.rstd), src
@@ -87,7 +93,7 @@ def reference_fused_backward(op: str, src: torch.Tensor, dy: torch.Tensor, d_res
     from impls.fused import BASE_OP, FusedGrads
 
     base = BASE_OP[op]
-    w = None if weight is None else weight.double() + weight_offset
+    w = offset_weight(weight, weight_offset)
     g = reference_backward(base, src, dy, w, bias, eps if eps is not None else DEFAULT_EPS[base])
     dx = g.dx if d_residual_out is None else g.dx + d_residual_out.double()
     return FusedGrads(dx=dx, dresidual=dx if d_residual_out is not None else None, dw=g.dw, db=g.db)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import torch
 
+from harness.judging import case_ids
 from harness.judging.shapes import (BACKWARD_LARGE_M, BACKWARD_N, BACKWARD_N_FULL, BACKWARD_TAIL_M, BACKWARD_TAIL_M_FULL,
                             CHECK_LONG_N, CHECK_LONG_N_QUICK, HUGE_CASES, ODD_N, POW2_N, TAIL_M, TAIL_M_FULL)
 from impls.base import DEFAULT_EPS, NormSpec
@@ -46,6 +47,8 @@ class Case:
     row_pad: int = 0  # extra elements between rows of x (strided rows)
     dy_dist: str | None = None  # a backward case: the distribution of dy (see make_dy); None: forward
     tags: tuple[str, ...] = field(default=(), compare=False)  # why the case is in the catalogue
+    # The id's modifiers, in order (harness.judging.case_ids); a family's case class extends them.
+    ID_PARTS: ClassVar[tuple[case_ids.IdPart, ...]]
 
     @property
     def n(self) -> int:
@@ -73,16 +76,7 @@ class Case:
 
     @property
     def id(self) -> str:
-        parts = [self.op, self.dtype, "x".join(map(str, self.shape)), self.dist]
-        if self.eps is not None:
-            parts.append(f"eps{self.eps:g}")
-        if self.affine != "weight_bias":
-            parts.append(AFFINE_ID[self.affine])
-        if self.row_pad:
-            parts.append(f"stride{self.n + self.row_pad}")
-        if self.dy_dist is not None:
-            parts.append(f"dy{self.dy_dist}")
-        return "-".join(parts)
+        return case_ids.spell(self)
 
     def record_fields(self) -> dict:
         """What a check's record keeps of the case beyond its id, dtype and tags."""
@@ -111,6 +105,18 @@ class Case:
 
     def nbytes(self) -> int:
         return self.rows * (self.n + self.row_pad) * self.torch_dtype.itemsize
+
+
+_AFFINE_OF_ID = {v: k for k, v in AFFINE_ID.items()}
+EPS_PART = case_ids.IdPart(lambda c: None if c.eps is None else f"eps{c.eps:g}", r"eps(?P<eps>[0-9.e+-]+?)",
+                           lambda g, shape: {"eps": case_ids.number(g["eps"])})
+AFFINE_PART = case_ids.IdPart(lambda c: AFFINE_ID.get(c.affine), r"(?P<affine>noaffine|weightonly|biasonly)",
+                              lambda g, shape: {"affine": _AFFINE_OF_ID.get(g["affine"], "weight_bias")})
+STRIDE_PART = case_ids.IdPart(lambda c: f"stride{c.n + c.row_pad}" if c.row_pad else None, r"stride(?P<stride>[0-9]+)",
+                              lambda g, shape: {"row_pad": int(g["stride"]) - shape[-1] if g["stride"] else 0})
+DY_PART = case_ids.IdPart(lambda c: None if c.dy_dist is None else f"dy{c.dy_dist}", r"dy(?P<dy>[a-z_]+)",
+                          lambda g, shape: {"dy_dist": g["dy"]})
+Case.ID_PARTS = (EPS_PART, AFFINE_PART, STRIDE_PART, DY_PART)
 
 
 # -- the catalogue: tables of rows -----------------------------------------------------------
@@ -267,29 +273,9 @@ def backward_catalogue(profile: str = "quick") -> list[Case]:
     return catalogue(profile, BACKWARD_ROWS)
 
 
-_ID = re.compile(
-    r"(?P<op>[a-z_]+)-(?P<dtype>[a-z0-9]+)-(?P<shape>[0-9x]+)-(?P<dist>[a-z_]+)"
-    r"(?:-eps(?P<eps>[0-9.e+-]+?))?(?:-(?P<affine>noaffine|weightonly|biasonly))?(?:-stride(?P<stride>[0-9]+))?"
-    r"(?:-dy(?P<dy>[a-z_]+))?$"
-)
-
-
 def case_from_id(case_id: str) -> Case:
     """Inverse of Case.id, for rebuilding a failing case's inputs outside pytest."""
-    m = _ID.match(case_id)
-    if not m:
-        raise ValueError(f"not a case id: {case_id!r}")
-    shape = tuple(int(s) for s in m["shape"].split("x"))
-    return Case(
-        op=m["op"],
-        dtype=m["dtype"],
-        shape=shape,
-        dist=m["dist"],
-        eps=float(m["eps"]) if m["eps"] else None,
-        affine={v: k for k, v in AFFINE_ID.items()}.get(m["affine"], "weight_bias"),
-        row_pad=int(m["stride"]) - shape[-1] if m["stride"] else 0,
-        dy_dist=m["dy"],
-    )
+    return case_ids.from_id(Case, case_id)
 
 
 __all__ = ["Case", "catalogue", "backward_catalogue", "case_from_id"]

@@ -20,6 +20,7 @@ import math
 import torch
 
 from harness.judging.compare import Y_FLOOR, ErrorStats, compare, compare_outputs, row_scale
+from impls.reference import offset_weight
 from impls.base import NormOutputs
 from impls.fused import fp8_max
 
@@ -97,7 +98,7 @@ def compare_fused(kernel, case, got, ref, src: torch.Tensor, weight, stat_dtype:
     from impls.fused import BASE_OP
 
     base = BASE_OP[case.op]
-    w_eff = None if weight is None else weight.double() + case.weight_offset
+    w_eff = offset_weight(weight, case.weight_offset)
     out_fmt = case.out_torch_dtype
     y_for_plain = ref.y if out_fmt is not None else got.y  # an fp8 y is judged on its own below
     errors = compare_outputs(base, NormOutputs(y_for_plain, got.mean, got.rstd), NormOutputs(ref.y, ref.mean, ref.rstd),

@@ -9,13 +9,13 @@ FUSED_BACKWARD_ROWS.
 """
 from __future__ import annotations
 
-import hashlib
-import re
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from harness.judging.cases import AFFINE_ID, ALL, BF16, BOTH, DTYPES, F32, F32_BF16, FULL, QUICK, Case, catalogue, grid
+from harness.judging import case_ids
+from harness.judging.cases import (AFFINE_ID, AFFINE_PART, ALL, BF16, BOTH, DTYPES, DY_PART, EPS_PART, F32, F32_BF16,
+                                   FULL, QUICK, STRIDE_PART, Case, catalogue, grid)
 from harness.judging.runner import device_for
 from impls.fused import ADD_OPS, BASE_OP, WRITES, FusedSpec
 
@@ -52,37 +52,8 @@ class FusedCase(Case):
     def out_torch_dtype(self) -> torch.dtype | None:
         return None if self.out_dtype is None else FP8[self.out_dtype]
 
-    @property
-    def id(self) -> str:
-        parts = [self.op, self.dtype, "x".join(map(str, self.shape)), self.dist]
-        if self.eps is not None:
-            parts.append(f"eps{self.eps:g}")
-        if self.affine != "weight_bias":
-            parts.append(AFFINE_ID[self.affine])
-        if self.row_pad:
-            parts.append(f"stride{self.n + self.row_pad}")
-        if self.residual_dtype:
-            parts.append(f"r{self.residual_dtype}")
-        if self.write != "new":
-            parts.append(WRITE_ID[self.write])
-        if self.adjacent:
-            parts.append("adjacent")
-        if self.weight_offset:
-            parts.append(f"w{self.weight_offset:g}")
-        if self.weight_dist != "default":
-            parts.append(f"w{self.weight_dist}")
-        if self.out_dtype:
-            parts.append(f"{self.out_dtype}s{self.scale:g}")
-        if self.dy_dist is not None:
-            parts.append(f"dy{self.dy_dist}")
-        return "-".join(parts)
-
     def record_fields(self) -> dict:
         return {"write": self.write}
-
-    @property
-    def seed(self) -> int:
-        return int.from_bytes(hashlib.sha256(self.id.encode()).digest()[:4], "little")
 
     def spec(self, device: str) -> FusedSpec:
         return FusedSpec(op=self.op, dtype=self.torch_dtype, rows=self.rows, n=self.n, row_stride=self.n + self.row_pad,
@@ -95,6 +66,25 @@ class FusedCase(Case):
         if self.op in ADD_OPS:
             size += self.rows * (self.n + self.row_pad) * self.residual_torch_dtype.itemsize
         return size
+
+
+_WRITE_OF_ID = {v: k for k, v in WRITE_ID.items()}
+FusedCase.ID_PARTS = (
+    EPS_PART, AFFINE_PART, STRIDE_PART,
+    case_ids.IdPart(lambda c: c.residual_dtype and f"r{c.residual_dtype}", r"r(?P<rdtype>float32|float16|bfloat16)",
+                    lambda g, shape: {"residual_dtype": g["rdtype"]}),
+    case_ids.IdPart(lambda c: WRITE_ID.get(c.write), r"(?P<write>inplace|outy)",
+                    lambda g, shape: {"write": _WRITE_OF_ID.get(g["write"], "new")}),
+    case_ids.IdPart(lambda c: "adjacent" if c.adjacent else None, r"(?P<adjacent>adjacent)",
+                    lambda g, shape: {"adjacent": bool(g["adjacent"])}),
+    case_ids.IdPart(lambda c: f"w{c.weight_offset:g}" if c.weight_offset else None, r"w(?P<offset>[0-9.]+)",
+                    lambda g, shape: {"weight_offset": case_ids.number(g["offset"], 0.0)}),
+    case_ids.IdPart(lambda c: None if c.weight_dist == "default" else f"w{c.weight_dist}", r"w(?P<wdist>small)",
+                    lambda g, shape: {"weight_dist": g["wdist"] or "default"}),
+    case_ids.IdPart(lambda c: c.out_dtype and f"{c.out_dtype}s{c.scale:g}", r"(?P<fp8>e4m3|e5m2)s(?P<scale>[0-9.e+-]+?)",
+                    lambda g, shape: {"out_dtype": g["fp8"], "scale": case_ids.number(g["scale"])}),
+    DY_PART,
+)
 
 
 @dataclass(frozen=True)
@@ -315,28 +305,9 @@ def fused_backward_catalogue(profile: str = "quick") -> list[FusedCase]:
     return fused_catalogue(profile, FUSED_BACKWARD_ROWS)
 
 
-_ID = re.compile(
-    r"(?P<op>[a-z_]+)-(?P<dtype>[a-z0-9]+)-(?P<shape>[0-9x]+)-(?P<dist>[a-z0-9_]+)"
-    r"(?:-eps(?P<eps>[0-9.e+-]+?))?(?:-(?P<affine>noaffine|weightonly|biasonly))?(?:-stride(?P<stride>[0-9]+))?"
-    r"(?:-r(?P<rdtype>float32|float16|bfloat16))?(?:-(?P<write>inplace|outy))?(?P<adjacent>-adjacent)?"
-    r"(?:-w(?P<offset>[0-9.]+))?(?:-w(?P<wdist>small))?(?:-(?P<fp8>e4m3|e5m2)s(?P<scale>[0-9.e+-]+?))?"
-    r"(?:-dy(?P<dy>[a-z_]+))?$"
-)
-
-
 def fused_case_from_id(case_id: str) -> FusedCase:
     """Inverse of FusedCase.id: a failing case's inputs, rebuilt outside pytest."""
-    m = _ID.match(case_id)
-    if not m:
-        raise ValueError(f"not a fused case id: {case_id!r}")
-    shape = tuple(int(s) for s in m["shape"].split("x"))
-    return FusedCase(
-        op=m["op"], dtype=m["dtype"], shape=shape, dist=m["dist"], eps=float(m["eps"]) if m["eps"] else None,
-        affine={v: k for k, v in AFFINE_ID.items()}.get(m["affine"], "weight_bias"),
-        row_pad=int(m["stride"]) - shape[-1] if m["stride"] else 0, dy_dist=m["dy"], residual_dtype=m["rdtype"],
-        write={v: k for k, v in WRITE_ID.items()}.get(m["write"], "new"), adjacent=bool(m["adjacent"]),
-        weight_offset=float(m["offset"]) if m["offset"] else 0.0, weight_dist=m["wdist"] or "default",
-        out_dtype=m["fp8"], scale=float(m["scale"]) if m["scale"] else None)
+    return case_ids.from_id(FusedCase, case_id)
 
 
 __all__ = ["FusedCase", "fused_catalogue", "fused_backward_catalogue", "fused_case_from_id", "with_writes", "write_pairs"]

@@ -20,7 +20,7 @@ from harness.judging.runner import INPUT_KINDS, CheckResult, device_for
 from harness.judging.shapes import HUGE_ELEMENTS
 from impls.base import NormGrads, NormOutputs, UnsupportedCase
 from impls.fused import ADD_OPS, BASE_OP, FusedGrads, FusedOutputs
-from impls.reference import reference, reference_fused, reference_fused_backward
+from impls.reference import offset_weight, reference, reference_fused, reference_fused_backward
 
 
 def declared_sum(kernel, case) -> tuple[str, torch.dtype | None]:
@@ -223,7 +223,7 @@ def check_fused_backward(kernel, case, oracle: FusedOracleCache | None = None, w
     base = BASE_OP[case.op]
     src = (x.double() + residual.double()).to(saved.residual_out.dtype) if residual is not None else x
     ref = reference_fused_backward(case.op, src, dy, d_res, weight, bias, inputs.eps, case.weight_offset)
-    w_eff = None if weight is None else weight.double() + case.weight_offset
+    w_eff = offset_weight(weight, case.weight_offset)
     back_ref = compare_backward.BackwardReference(base, src, dy, w_eff, bias, NormGrads(dx=ref.dx, dw=ref.dw, db=ref.db),
                                                   reference(base, src, None, None, inputs.eps))
     result.stat_dtype = kernel.stat_dtype(case.torch_dtype, device)

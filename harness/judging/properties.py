@@ -81,6 +81,22 @@ def judging(kernel: NormKernel, case: Case, device: str):
         pytest.xfail(f"known issue: {issue} [{type(exc).__name__}: {first}]")
 
 
+# -- a property check, whole: its calls (``measure``) under ``judging``, then the verdict ------------
+def check_determinism(record, kernel, case, device: str, measure, declared: str | None, what: str = "") -> None:
+    """``measure(kernel, case, device)``'s bit differences judged (judge_determinism)."""
+    with judging(kernel, case, device):
+        diffs = measure(kernel, case, device)
+    judge_determinism(record, diffs, declared, what)
+
+
+def check_batch(record, kernel, case, device: str, measure, quick: bool, claim: bool | None, twin: str,
+                what: str = "") -> None:
+    """``measure(kernel, case, device, quick=...)``'s batches judged (judge_batch)."""
+    with judging(kernel, case, device):
+        result = measure(kernel, case, device, quick=quick)
+    judge_batch(record, result, claim, kernel.name, twin, what)
+
+
 # -- the verdicts, one for every family and pass ----------------------------------------------------
 def judge_determinism(record, diffs: list[BitDiff], declared: str | None, what: str = "") -> None:
     """A determinism check's record (``record(**fields)``) and verdict: the same bits pass; a

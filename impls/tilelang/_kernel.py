@@ -32,14 +32,14 @@ def _align_offset(t: torch.Tensor | None) -> int:
     return 0 if t is None else (t.data_ptr() % 16) // t.element_size()
 
 
-class TileLangKernel(TileLangBackward, NormKernel):
+class TileLangBackend:
+    """What every TileLang kernel declares, of either family: the backend, its availability and
+    note, and the grid's limit on rows."""
+
     backend = "tilelang"
     project = True
     packages = ("tilelang",)
     devices = ("cuda",)
-    # Set by the subclasses: the largest N by capacity, and which kernel takes longer rows.
-    capacity: str = ""  # "register" or "" (no structural limit)
-    longer_rows_by: str | None = None
 
     def availability(self) -> str | None:
         return compiler.availability()
@@ -52,13 +52,30 @@ class TileLangKernel(TileLangBackward, NormKernel):
             return f"tilelang {compiler.version()} on {torch.cuda.get_device_name()}"
         return f"tilelang {compiler.version()}: {compiler.NOT_EXECUTED}"
 
+    def offline_tools(self) -> None:
+        """TileLang and nvcc, to compile without the card; else UnsupportedCase with what is missing."""
+        tl, why = compiler.tilelang_module()
+        if tl is None:
+            raise UnsupportedCase(why)
+        if compiler.nvcc_path() is None:
+            raise UnsupportedCase("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
+
+    def beyond_grid(self, spec) -> str | None:
+        if spec.rows > MAX_ROWS:
+            return f"{self.name}: {spec.rows} rows; TileLang binds M (the grid) as int32 (max {MAX_ROWS})"
+        return None
+
+
+class TileLangKernel(TileLangBackend, TileLangBackward, NormKernel):
+    # Set by the subclasses: the largest N by capacity, and which kernel takes longer rows.
+    capacity: str = ""  # "register" or "" (no structural limit)
+    longer_rows_by: str | None = None
+
     def unsupported(self, spec: NormSpec) -> str | None:
         if self.max_n is not None and spec.n > self.max_n:  # true on any machine, so said first
             where = f"; {self.longer_rows_by} covers it" if self.longer_rows_by else ""
             return f"N={spec.n} exceeds {self.name}'s {self.capacity} capacity (max {self.max_n}){where}"
-        if spec.rows > MAX_ROWS:
-            return f"{self.name}: {spec.rows} rows; TileLang binds M (the grid) as int32 (max {MAX_ROWS})"
-        return super().unsupported(spec)
+        return self.beyond_grid(spec) or super().unsupported(spec)
 
     # -- planning and compiling ----------------------------------------------------------
     def plan_for(self, dtype: torch.dtype, n: int, has_weight: bool, has_bias: bool, vec: int,
@@ -100,11 +117,7 @@ class TileLangKernel(TileLangBackward, NormKernel):
         return tuple(builds) + self.backward_builds()
 
     def build_offline(self, build) -> dict:
-        tl, why = compiler.tilelang_module()
-        if tl is None:
-            raise UnsupportedCase(why)
-        if compiler.nvcc_path() is None:
-            raise UnsupportedCase("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
+        self.offline_tools()
         if build[0] == "backward":
             plan = self.backward_build_plan(build)
             _, dtype, n, affine = build

@@ -21,7 +21,7 @@ from impls.fused import ADD_OPS, BASE_OP, WRITES, FusedNormKernel, FusedOutputs,
 from impls.gpu_limits import SM_REGISTERS, SM_THREADS, cdiv, next_pow2
 from impls.registry import register
 from impls.tilelang import compiler
-from impls.tilelang._kernel import MAX_ROWS, _align_offset, _dummy
+from impls.tilelang._kernel import TileLangBackend, _align_offset, _dummy
 from impls.tilelang.plan import MAX_THREADS, MIN_BLOCK_THREADS, SPLITK_THREADS, Plan, choose_vec
 
 FUSED_VARIANT = "fused"  # _fused_programs' builder key
@@ -103,12 +103,8 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided(((m - 1) * t.stride(0) + n,), (1,))
 
 
-class _TileLangFused(FusedNormKernel):
-    backend = "tilelang"
+class _TileLangFused(TileLangBackend, FusedNormKernel):
     variant = FUSED_VARIANT
-    project = True
-    packages = ("tilelang",)
-    devices = ("cuda",)
     writes = WRITES
     stats_on = "float32_sum"
     residual_dtypes = ("same", "float32")
@@ -117,21 +113,8 @@ class _TileLangFused(FusedNormKernel):
     batch_invariant = True  # one plan for every M; each row reduced by its own threads
     source = "impls/tilelang/_fused_programs.py"
 
-    def availability(self) -> str | None:
-        return compiler.availability()
-
-    def note(self) -> str:
-        tl, why = compiler.tilelang_module()
-        if tl is None:
-            return why or ""
-        if cuda_present():
-            return f"tilelang {compiler.version()} on {torch.cuda.get_device_name()}"
-        return f"tilelang {compiler.version()}: {compiler.NOT_EXECUTED}"
-
     def unsupported(self, spec) -> str | None:
-        if spec.rows > MAX_ROWS:  # true on any machine, so said first
-            return f"{self.name}: {spec.rows} rows; TileLang binds M (the grid) as int32 (max {MAX_ROWS})"
-        return super().unsupported(spec)
+        return self.beyond_grid(spec) or super().unsupported(spec)  # the grid's limit holds on any machine
 
     # -- planning and compiling ----------------------------------------------------------
     def plan_for(self, dtype, n: int, has_weight: bool, has_bias: bool, vec: int, residual_dtype=None,
@@ -185,11 +168,7 @@ class _TileLangFused(FusedNormKernel):
         return self.plan_for(dt, n, True, BASE_OP[self.op] == "layer_norm", choose_vec(dt, n), rdt, out, offset)
 
     def build_offline(self, build) -> dict:
-        tl, why = compiler.tilelang_module()
-        if tl is None:
-            raise UnsupportedCase(why)
-        if compiler.nvcc_path() is None:
-            raise UnsupportedCase("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
+        self.offline_tools()
         plan = self.build_plan(build)
         t0 = time.perf_counter()
         compiled = _compile(plan, compiler.SM90)
