@@ -61,10 +61,13 @@ def test_headline_rows():
             want.add(("add_rms_norm", w, None, bandwidth_rows(n), n, "bandwidth"))
             want |= {("add_rms_norm", w, None, m, n, "decode") for m in (1, 64)}
     want.add(("rms_norm", "new", "float8_e4m3fn", bandwidth_rows(4096), 4096, "bandwidth"))
+    # add_rms_norm to fp8 in out_y: the one convention a fused add and quantise writes (FlashInfer's)
+    want.add(("add_rms_norm", "out_y", "float8_e4m3fn", bandwidth_rows(4096), 4096, "bandwidth"))
     assert got == want
     assert all(s.m * s.n >= BANDWIDTH_ELEMENTS for s in shapes if s.regime == "bandwidth")  # bandwidth bound
-    fp8, = [s for s in shapes if s.out_dtype]
+    fp8, add_fp8 = sorted((s for s in shapes if s.out_dtype), key=lambda s: s.op != "rms_norm")
     assert fp8.scale == 0.5 and fp8.case == "rms_norm-float8_e4m3fn" and fp8.dtype == "bfloat16"
+    assert add_fp8.scale == 0.5 and add_fp8.case == "add_rms_norm-out_y-float8_e4m3fn"
     # Each convention a group of its own; the groups never take a plain row's name.
     assert len({s.group for s in shapes}) == len(shapes)
     assert all(s.group.startswith(f"{s.case}-bfloat16-") and s.case != s.op for s in shapes)
@@ -188,13 +191,14 @@ def test_a_cpu_run_of_the_fused_benchmarks(cpu_run):
     assert timed == {("torch.fused", "add_rms_norm-in_place", "bandwidth"), ("torch.fused", "add_rms_norm-new", "bandwidth"),
                      ("torch.fused", "add_rms_norm-in_place", "decode"), ("torch.fused", "add_rms_norm-new", "decode"),
                      ("torch.fused", "rms_norm-float8_e4m3fn", "bandwidth"),
+                     ("torch.fused", "add_rms_norm-out_y-float8_e4m3fn", "bandwidth"),
                      ("inplacepeer.fused_add", "add_rms_norm-in_place", "bandwidth"),
                      ("inplacepeer.fused_add", "add_rms_norm-in_place", "decode")}
     for ei in rows:
         assert ei["bytes"] == expected_bytes(ei), ei
         assert ei["correct"] and ei["timer"] == "wall" and ei["rounds"] == 3 and ei["pct_of_copy"] > 0
         assert ei["baseline"] == "torch.fused"
-        assert ("restored" in ei["inputs"]) == (ei["write"] == "in_place")
+        assert ("restored" in ei["inputs"]) == (ei["write"] != "new")  # in place and out_y write residual
         assert ei["screen_rel_l2"]["y"] < 0.1  # the fp8 row's bound; a bfloat16 y's is 0.02
     # Every other kernel skipped with its reason: Triton interpreted, TileLang without a GPU, the
     # in-place peer at the rows of new outputs.
@@ -312,3 +316,34 @@ def test_the_report_shows_fused_rows_with_gbps_and_percent_of_copy(tmp_path):
     slim = publish.slim_benchmark(doc)
     assert report.results(slim) == report.results(doc)
     assert publish.benchmark_markdown(slim) == md
+
+
+def test_two_passes_with_every_peer_plug_in(cpu_run, tmp_path):
+    """--bench-repeat 2 with the peers' plug-ins loaded beside a peer that runs here: each bandwidth
+    row timed in both passes, the peers that cannot run here skipped with their reasons, and the
+    speed targets' t taken from the passes' spread."""
+    tmp = cpu_run[0]
+    files = ["examples/liger_backend.py", "examples/quack_backend.py", "examples/flashinfer_backend.py", str(tmp / "peer.py")]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "FUSED_INPUTS_LOG": str(tmp_path / "inputs.log"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:randomly", "benchmarks", "--benchmark-only", "-m", "fused",
+         "--backend", "torch,inplacepeer,liger,quack,flashinfer", *(f"--backend-file={f}" for f in files),
+         "--op", "add_rms_norm", "--dtype", "bfloat16", "--profile", "quick", "--bench-rounds", "3",
+         "--bench-repeat", "2", f"--report-dir={tmp_path / 'out'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "out" / "benchmark.json").read_text())
+    passes = {(ei["kernel"], ei["case"], ei["repeat"]) for ei in (b["extra_info"] for b in doc["benchmarks"])
+              if ei["regime"] == "bandwidth"}
+    for kernel, case in (("inplacepeer.fused_add", "add_rms_norm-in_place"), ("torch.fused", "add_rms_norm-out_y-float8_e4m3fn")):
+        assert {(kernel, case, 0), (kernel, case, 1)} <= passes, passes
+    skipped = {s["kernel"].split(".")[0] for s in doc["normdiff"]["skipped"]}
+    assert {"liger", "quack", "flashinfer"} <= skipped
+    # Each kernel's spread between the passes, the t of every comparison it is in (the CPU's smoke
+    # report ranks nothing; on a GPU the speed targets print it per target).
+    from harness.report import benchmark_results, targets
+
+    spreads = targets.pass_spreads(benchmark_results.results(doc))
+    assert {"inplacepeer.fused_add", "torch.fused"} <= set(spreads)
+    assert targets.margin(spreads, "inplacepeer.fused_add", "torch.fused") <= targets.MARGIN_CAP

@@ -16,11 +16,14 @@ from impls.fused import ADD_OPS, FusedNormKernel, FusedParams
 # -- the shapes -----------------------------------------------------------------------------------
 # The headline set (a plain `pytest --benchmark-only` on a GPU): add_rms_norm at N 4096 and 8192,
 # in place and with new outputs, at the bandwidth shapes and at decode (1 and 64 rows); rms_norm
-# with a float8_e4m3fn output at N 4096 (the dequantisation scale FP8_SCALE).
+# with a float8_e4m3fn output at N 4096 (the dequantisation scale FP8_SCALE), and add_rms_norm to
+# float8_e4m3fn with y into a given buffer (out_y: the one convention of a fused add and quantise,
+# such as FlashInfer's fused_add_rmsnorm_quant) beside it.
 HEADLINE_N = (4096, 8192)
 HEADLINE_DECODE_M = (1, 64)
 HEADLINE_WRITES = ("in_place", "new")
 HEADLINE_FP8 = (("float8_e4m3fn", 4096),)
+HEADLINE_ADD_FP8 = (("float8_e4m3fn", 4096, "out_y"),)
 FP8_SCALE = 0.5  # y_fp8 = y / FP8_SCALE (a kernel of the "multiply" convention is given 1 / FP8_SCALE)
 # The whole sweep (--bench-set full): both add ops at these N and the decode shapes, in place and
 # new; out_y, a float32 residual, fp8 outputs and Gemma's weight offset at a few N.
@@ -135,6 +138,8 @@ def sweep(profile: str, ops, dtypes, repeat: int = 1, bench_set: str = "full") -
                     bw.append(("add_rms_norm", dt, (bandwidth_rows(n), n), {"write": w}))
                     dc += [("add_rms_norm", dt, (m, n), {"write": w}) for m in HEADLINE_DECODE_M]
             bw += [("rms_norm", dt, (bandwidth_rows(n), n), fp8(name)) for name, n in HEADLINE_FP8]
+            bw += [("add_rms_norm", dt, (bandwidth_rows(n), n), {"write": w, **fp8(name)})
+                   for name, n, w in HEADLINE_ADD_FP8]
         elif profile == "full":
             for op in ADD_OPS:
                 for w in ("in_place", "new"):
@@ -150,6 +155,7 @@ def sweep(profile: str, ops, dtypes, repeat: int = 1, bench_set: str = "full") -
                 bw += [("rms_norm", dt, mn, {"weight_offset": 1.0})]
             mn = (bandwidth_rows(4096), 4096)
             bw += [("add_rms_norm", dt, mn, fp8("float8_e4m3fn")), ("layer_norm", dt, mn, fp8("float8_e4m3fn")),
+                   ("add_rms_norm", dt, mn, {"write": "out_y", **fp8("float8_e4m3fn")}),
                    ("add_rms_norm", dt, mn, {"write": "in_place", "weight_offset": 1.0})]
             dc += [("rms_norm", dt, (m, n), fp8("float8_e4m3fn")) for n in DECODE_N for m in DECODE_M]
         else:
@@ -157,7 +163,8 @@ def sweep(profile: str, ops, dtypes, repeat: int = 1, bench_set: str = "full") -
                 bw.append(("add_rms_norm", dt, QUICK_SHAPE, {"write": w}))
                 dc.append(("add_rms_norm", dt, QUICK_DECODE_SHAPE, {"write": w}))
             bw += [("add_layer_norm", dt, QUICK_SHAPE, {"write": "new"}),
-                   ("rms_norm", dt, QUICK_SHAPE, fp8(HEADLINE_FP8[0][0]))]
+                   ("rms_norm", dt, QUICK_SHAPE, fp8(HEADLINE_FP8[0][0])),
+                   ("add_rms_norm", dt, QUICK_SHAPE, {"write": "out_y", **fp8(HEADLINE_FP8[0][0])})]
     ops = set(ops)
     shapes = [_shape(op, dt, mn, "bandwidth", r, **kw) for r in range(repeat) for op, dt, mn, kw in bw if op in ops]
     return shapes + [_shape(op, dt, mn, "decode", **kw) for op, dt, mn, kw in dc if op in ops]
