@@ -19,7 +19,7 @@ import torch
 from harness.judging import fused_properties, known_issues, properties
 from harness.running import attribution, isolation, memory_watch, scheduling, workers
 from harness.judging.cases import DTYPES, Case
-from harness.judging.family import families
+from harness.judging.family import Family, families
 from harness.running.controller import Controller
 from harness.running.progress import Progress
 from harness.running.run import STATE, backend_status, is_benchmark_run, split_names
@@ -188,7 +188,8 @@ def pytest_generate_tests(metafunc):
     state = metafunc.config.stash.get(STATE, None)
     if state is None:
         return
-    by_fixture: dict[str, list] = {}
+    # The generic checks' fixtures are parametrised (if only with nothing) in every run.
+    by_fixture: dict[str, list] = {f: [] for f in (Family.forward_fixture, Family.backward_fixture, Family.kernel_fixture)}
     for run in state.runs.values():
         for fixture, pairs in ((run.family.forward_fixture, run.pairs), (run.family.backward_fixture, run.backward_pairs)):
             if fixture:

@@ -450,21 +450,6 @@ def check_all_skipped(*backends: str) -> Callable[[Ran], None]:
     return check
 
 
-def check_fused_example(ran: Ran) -> None:
-    """The in-place-only Triton plug-in passes every case it declares, each in place, and is
-    skipped on the others with the declaration that rules them out (or for having no backward)."""
-    assert_ok(ran)
-    doc = json_doc(run_folder(ran, "checks"))
-    assert {r["kernel"] for r in doc["records"]} == {"myfused.inplace"}
-    forward = [r for r in doc["records"] if r["test"] == "test_fused_against_oracle"]
-    passed = [r["case"] for r in forward if r["outcome"] == "passed"]
-    assert passed and all(c.endswith("-inplace") or "-inplace-" in c for c in passed), passed
-    assert {r["outcome"] for r in doc["records"]} <= {"passed", "skipped"}
-    for r in doc["records"]:
-        if r["outcome"] == "skipped":
-            assert r["reason"].startswith("myfused.inplace "), r["reason"]
-
-
 # -- the table ----------------------------------------------------------------------------------
 # The catalogue of a narrowed checks run: every built-in backend, four cases (a forward, a drawn
 # and a backward one among them), one process; the workers are the quick start's (as written).
@@ -586,9 +571,8 @@ DOC_ONLY.update({  # docs/interface.md, *Adding a backend* and *Adding a fused b
     "pytest harness --backend-file examples/outside_backend.py --backend mynorm": Elsewhere(
         "tests/test_outside_backends.py::test_backend_from_a_file_runs_like_a_builtin",
         "narrowed to RMSNorm in bfloat16 on the quick profile, its report read"),
-    "pytest harness --backend-file examples/triton_fused_backend.py --backend myfused --profile quick": Way(
-        check_fused_example, "pytest harness --backend-file examples/triton_fused_backend.py --backend myfused "
-        "--profile quick -n 0", "in one process (the workers' start would be most of the run)"),
+    "pytest harness --backend-file examples/triton_fused_backend.py --backend myfused --profile quick": InCI(
+        "run by .ci/run itself, whole (with its own --report-dir); its report judged by .ci/assert-fused-example"),
 })
 TABLE = {**COMMANDS, **DOC_ONLY}
 HELPERS: dict[str, Way] = {  # runs the checks above read, for no page's command
