@@ -46,15 +46,15 @@ def test_checks_peak_within_the_estimates_admission_used(tmp_path):
     """Oracle checks, then the property checks of the same cases (their cache held, or dropped
     when the case changed), forward and backward, on the simulated card."""
     args = [sys.executable, "-m", "pytest", "harness/test_differential.py", "harness/test_properties.py",
-            "harness/test_backward.py", "--backend", "torch", "--op", "layer_norm", "--dtype", "float32",
+            "harness/test_backward.py", "harness/test_fuzz.py", "--backend", "torch", "--op", "layer_norm", "--dtype", "float32",
             "--profile", "quick", "-n", "0", "-q", "-p", "no:randomly", "--simulate-gpu", "24GiB",
             "--report-dir", str(tmp_path)]
     ran = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     records = json.loads((tmp_path / "correctness.json").read_text())["records"]
     measured = [r for r in records if r.get("mem_peak") is not None]
-    assert {"test_against_oracle", "test_deterministic", "test_backward", "test_backward_deterministic"} <= {
-        r["test"] for r in measured}
+    assert {"test_against_oracle", "test_deterministic", "test_backward", "test_backward_deterministic",
+            "test_fuzz", "test_fuzz_backward"} <= {r["test"] for r in measured}
     over = [(r["nodeid"], r["mem_peak"], r["mem_estimate"]) for r in measured if r["mem_peak"] > r["mem_estimate"]]
     assert not over, over
     # A property check's admission counted the cache held, never the worst case of every kernel's.

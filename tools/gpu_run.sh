@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # A batched GPU session, in phases that each fit one device call (10 minutes):
-#   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers);
+#   tools/gpu_run.sh verify OUT   prints the verify plan: four calls (verify-checks, verify-memory,
+#                                 verify-peers, verify-bench), what each carries and runs, one archive
+#                                 each (tools/gpu_verify.sh); verify-dry OUT runs them on a CPU
+#   tools/gpu_run.sh checks OUT   correctness, full profile, every backend (one command: xdist workers),
+#                                 after harness.warm (WARM_LIMIT seconds, default 90; CHECKS_WARM=0: none);
 #                                 CHECKS_K selects a part (pytest -k), e.g. to time it alone;
 #                                 CHECKS_ARGS adds pytest arguments (e.g. "--shard 1/2" for half a run);
 #                                 CHECKS_CANDIDATES=1 checks the long-row probe's open candidates
@@ -39,6 +43,39 @@
 set -uo pipefail
 phase=$1 out=$2
 mkdir -p "$out"
+ORIG_PYTHONPATH=${PYTHONPATH:-}
+case $phase in
+verify)
+  cat <<PLAN
+The verify plan: four device calls back to back (the machine goes back after 30 s idle), each
+under its own limit (VERIFY_LIMIT, default 560 s; timeout_s 600), each writing \$OUT/verify-<step>.tar.xz.
+Set NORMDIFF_COMMIT to the commit carried (the machine's git record may be stale).
+  1. carry .devdeps/gpu-site.tar.xz .gpu/apex-src:
+       NORMDIFF_COMMIT=\$(git rev-parse --short HEAD) tools/gpu_run.sh verify-checks \$OUT
+  2. carry .devdeps/peers-site.1.tar.xz:
+       NORMDIFF_COMMIT=... tools/gpu_run.sh verify-memory \$OUT
+  3. carry .devdeps/peers-site.2.tar.xz:
+       NORMDIFF_COMMIT=... tools/gpu_run.sh verify-peers \$OUT
+  4. carry nothing:
+       NORMDIFF_COMMIT=... tools/gpu_run.sh verify-bench \$OUT
+Unpack each archive in the project's root (tar -xJf verify-<step>.tar.xz): its reports land in
+reports/runs/verify-<step>/, where a cut-short run's printed command runs what it left (carry
+that folder) and python -m harness.report merges the two.
+PLAN
+  exit 0 ;;
+verify-dry)
+  rc=0
+  for s in checks memory peers bench; do
+    GPU_RUN_DRY=1 VERIFY_LIMIT=${VERIFY_LIMIT:-420} "$0" "verify-$s" "$out" || rc=1
+    [[ -f $out/verify-$s.tar.xz ]] || { echo "verify-dry: no archive of verify-$s"; rc=1; }
+  done
+  for s in checks memory peers; do
+    tar -tJf "$out/verify-$s.tar.xz" | grep "correctness.json$" > /dev/null || { echo "verify-dry: verify-$s holds no report"; rc=1; }
+  done
+  tar -tJf "$out/verify-bench.tar.xz" | grep "benchmark.json$" > /dev/null || { echo "verify-dry: verify-bench holds no report"; rc=1; }
+  echo "verify-dry: exit $rc"; ls -la "$out"
+  exit $rc ;;
+esac
 [[ -d /tmp/site ]] && PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 # nvidia-cutlass-dsl's .pth file, which a PYTHONPATH folder does not read (tools/pack_peer_wheels.sh)
 [[ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ]] && PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
@@ -46,10 +83,12 @@ mkdir -p "$out"
 export PYTHONPATH=$PWD${APEX_LIB:+:$APEX_LIB}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TORCHINDUCTOR_FX_GRAPH_CACHE=1
 jobs=$(nproc)
 liger=(--backend-file examples/liger_backend.py)
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$out/nvidia-smi.txt"
+command -v nvidia-smi > /dev/null &&
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$out/nvidia-smi.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 # The native launcher (impls.native), built once up front rather than by the first worker to ask.
-python -m impls.native > "$out/native.log" 2>&1 || echo "native launcher: $(tail -n 1 "$out/native.log")"
+[[ ${GPU_RUN_DRY:-0} == 1 ]] ||
+  python -m impls.native > "$out/native.log" 2>&1 || echo "native launcher: $(tail -n 1 "$out/native.log")"
 pt() { timeout -s INT -k 20 "$1" python -m pytest "${@:2}" -q -p no:randomly; }
 case $phase in
 setup)
@@ -70,11 +109,18 @@ memory)
   echo "memory: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/memory.log"
   tail -n 6 "$out/memory.log"
   ;;
+verify-*)
+  source tools/gpu_verify.sh
+  ;;
 checks)
   select=(); [[ -n ${CHECKS_K:-} ]] && select=(-k "$CHECKS_K")
   chosen=(--backend all "${liger[@]}")
   [[ ${CHECKS_CANDIDATES:-0} == 1 ]] && chosen=(--backend 'candidate_*' --backend-file tools/candidate_backend.py)
   start=$SECONDS
+  # Every check's specialisations compiled first, in parallel (harness.warm); the run loads them.
+  [[ ${CHECKS_WARM:-1} == 1 && ${CHECKS_CANDIDATES:-0} == 0 ]] &&
+    python -m harness.warm --profile full --backend triton,tilelang,torch_compile,liger "${liger[@]}" --jobs "$jobs" \
+      --time-limit "${WARM_LIMIT:-90}" 2>&1 | tail -n 12 | tee "$out/warm.log"
   timeout -s INT -k 20 "${CHECKS_TIMEOUT:-560}" python -m pytest harness \
      --profile full "${chosen[@]}" -q -p no:randomly --report-dir="$out" "${select[@]}" ${CHECKS_ARGS:-} \
      > "$out/checks.log" 2>&1
@@ -135,5 +181,5 @@ longprobe)
     done
   done
   ;;
-*) echo "usage: tools/gpu_run.sh setup|peers|fused|checks|memory|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
+*) echo "usage: tools/gpu_run.sh verify|verify-dry|verify-checks|verify-memory|verify-peers|verify-bench|setup|peers|fused|checks|memory|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
 esac

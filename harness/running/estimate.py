@@ -270,7 +270,9 @@ def as_held(est: Estimate, need: str, case, kernel, cached: int, device: str = "
     outputs are its "outputs" part); every other check adds nothing either (ESTIMATE_DOC, held)."""
     parts = dict(est.parts)
     worst = parts.pop("held", 0)
-    if "held" in est.parts and need not in PROPERTY_NEEDS:
+    if need.startswith("drawn") or case is None:  # a drawn case's own oracle; what is held comes beside it
+        parts["held"] = worst + cached
+    elif "held" in est.parts and need not in PROPERTY_NEEDS:
         first = held_bytes(need == "backward", case, (), device, judged=(kernel,))
         parts["held"] = min(worst, cached + first)
     else:
