@@ -205,7 +205,9 @@ def check_tasks(kernels, profile: str, fuzz_seed: int, every: bool):
         if every or k.compile_key(_any_spec(k)) is not None:
             out += [(_check, (k.name, k.op), ("drawn", test, profile, fuzz_seed)) for test in _drawn_tests(k)]
     for what, cases, ks, sizes in families:
-        for case in sorted(cases, key=lambda c: c.rows * c.n):
+        # Many workers share the GPU: a case above WARM_BYTES compiles in the run (its plans are
+        # mostly warmed by smaller cases).
+        for case in sorted((c for c in cases if c.nbytes() <= WARM_BYTES), key=lambda c: c.rows * c.n):
             for k in (k for k in ks if k.op == case.op):
                 device = device_for(k)
                 spec = case.spec(device)
@@ -219,7 +221,8 @@ def check_tasks(kernels, profile: str, fuzz_seed: int, every: bool):
                     out.append((_check, (k.name, k.op), (what, case, profile, fuzz_seed)))
     for what, cases in (("fused", fused_catalogue(profile)), ("fused backward", fused_backward_catalogue(profile))):
         for k in fused:
-            for case in sorted(with_writes(cases, k, device_for(k), what != "fused"), key=lambda c: c.rows * c.n):
+            runs = [c for c in with_writes(cases, k, device_for(k), what != "fused") if c.nbytes() <= WARM_BYTES]
+            for case in sorted(runs, key=lambda c: c.rows * c.n):
                 got = (what, key(k, case.spec(device_for(k))))
                 if got[1] is not None and got not in done:
                     done.add(got)
