@@ -40,6 +40,10 @@ def test_an_interrupted_run_names_what_it_left_and_the_rest_merges_whole(tmp_pat
     left = [r["nodeid"] for r in doc["records"] if r.get("outcome") is None]
     ran = len(doc["records"]) - len(left)
     assert left and ran >= 8, (len(left), ran)
+    # Where its time went: every check that ran has its span, each worker's time is cut whole.
+    p, = doc["phases"]
+    assert p["checks"] >= ran - 1 and set(p["worker_s"]) == set(phases.WORKER_PHASES)
+    assert p["wall_s"]["total"] >= p["wall_s"]["set-up"] + p["wall_s"]["checks"] > 0
     listed = (first_dir / cut_short.NOT_RUN_FILE).read_text().split()
     assert listed == left and doc["resume"]["left"] == len(left)
     md = (first_dir / "correctness.md").read_text()
