@@ -73,9 +73,10 @@ import shutil
 
 import torch
 
-from impls.base import NormKernel, NormOutputs, NormSpec, OptionalImport, UnsupportedCase, cuda_present
+from impls.base import NormKernel, NormOutputs, NormSpec, OptionalImport, ReproCall, UnsupportedCase, cuda_present
 from impls.fused import FP8_DTYPES, FusedNormKernel, FusedOutputs, FusedParams
 from impls.registry import register
+from impls.repro_calls import source_of
 
 FLASHINFER_VERSION = "0.7.2.post1"
 CUTLASS_DSL_VERSION = "4.7.1"
@@ -118,6 +119,20 @@ def as_flashinfer_takes(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return t.clone(memory_format=torch.contiguous_format)
 
 
+def repro_call(kernel) -> ReproCall:
+    """A standalone repro (python -m harness.repro): flashinfer.norm called as the plug-in calls it
+    (each class's repro_forward), with the helpers that make its layout copied in."""
+    helpers = [vector, as_flashinfer_takes, _f32, _misfit, _take_rows, _into, _scale_tensor, _weight16]
+    return ReproCall(
+        imports='import functools\nimport importlib\n\nflashinfer_norm = importlib.import_module("flashinfer.norm")',
+        source=REPRO_UNSUPPORTED + "\n\n\n" + source_of(*helpers), forward=kernel.repro_forward,
+        requires=f"pip install flashinfer-python=={FLASHINFER_VERSION} nvidia-cutlass-dsl=={CUTLASS_DSL_VERSION}")
+
+
+REPRO_UNSUPPORTED = ("class UnsupportedCase(RuntimeError):\n"
+                     '    """A layout the call does not take as it is (normdiff skips such a case)."""')
+
+
 def _path() -> str:
     """Which of its kernels FlashInfer runs here (its own dispatch, ``_use_cuda_norm``), for the note."""
     use_cuda = getattr(_norm(), "_use_cuda_norm", None)
@@ -150,6 +165,14 @@ class _FlashInfer(NormKernel):
             except md.PackageNotFoundError:
                 found.append(f"{pkg} not installed")
         return f"{', '.join(found)} (written for flashinfer-python {FLASHINFER_VERSION}){_path()}"
+
+    repro_call = repro_call
+    repro_inputs = "x, weight, bias = as_flashinfer_takes(x, n), as_flashinfer_takes(weight, n), as_flashinfer_takes(bias, n)"
+    repro_entry = ""  # _entry on the inputs
+
+    @property
+    def repro_forward(self) -> str:
+        return f"n = x.shape[-1]\n{self.repro_inputs}\nout.y.copy_({self.repro_entry}.view(out.y.shape))"
 
     def _inputs(self, x, weight, bias) -> tuple:
         """What FlashInfer's entry point requires of x, weight and bias, made before its call."""
@@ -211,6 +234,8 @@ class FlashInferRMSNorm(_FlashInfer):
     def _entry(self, x, weight, bias, eps):
         return _norm().rmsnorm(x, weight, eps)
 
+    repro_entry = "flashinfer_norm.rmsnorm(x, weight, eps)"
+
 
 def _f32(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return None if t is None else as_flashinfer_takes(t.float(), n)
@@ -236,6 +261,9 @@ class FlashInferLayerNorm(_FlashInfer):
 
     def _entry(self, x, weight, bias, eps):
         return _norm().layernorm(x, weight, bias, eps)
+
+    repro_inputs = "x, weight, bias = as_flashinfer_takes(x, n), _f32(weight, n), _f32(bias, n)"
+    repro_entry = "flashinfer_norm.layernorm(x, weight, bias, eps)"
 
 
 # -- the fused family (impls.fused) -----------------------------------------------------------------
@@ -381,6 +409,10 @@ def _into(y: torch.Tensor, written: torch.Tensor) -> None:
         y.copy_(written)
 
 
+def _weight16(weight: torch.Tensor) -> torch.Tensor:
+    return weight if weight.data_ptr() % 16 == 0 else weight.clone()  # compiled 16-byte aligned (fa.py:936)
+
+
 class _FlashInferFused(FusedNormKernel):
     backend = "flashinfer"
     packages = ("flashinfer-python", "nvidia-cutlass-dsl")
@@ -392,6 +424,7 @@ class _FlashInferFused(FusedNormKernel):
     jit_only = False  # layernorm_quant: no CuTe DSL kernel
 
     note = _FlashInfer.note
+    repro_call = repro_call
 
     def availability(self) -> str | None:
         reason = availability()
@@ -408,7 +441,7 @@ class _FlashInferFused(FusedNormKernel):
         return None
 
     def _weight(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight if weight.data_ptr() % 16 == 0 else weight.clone()  # compiled 16-byte aligned (fa.py:936)
+        return _weight16(weight)
 
 
 class _FlashInferFp8(_FlashInferFused):
@@ -436,6 +469,11 @@ class _FlashInferAddInPlace(_FlashInferFused):
         _take_rows(x.shape[-1], x.dtype, {}, {"x": x, "residual": residual})
         fn, w = getattr(_norm(), self.entry), self._weight(weight)
         return lambda: fn(x, residual, w, eps)
+
+    @property
+    def repro_forward(self) -> str:
+        return ('_take_rows(x.shape[-1], x.dtype, {}, {"x": x, "residual": residual})  # both written in place\n'
+                f"flashinfer_norm.{self.entry}(x, residual, _weight16(weight), eps)")
 
 
 @register
@@ -487,6 +525,13 @@ class FlashInferFusedAddRMSNormQuant(_FlashInferFp8):
         fn, w, scale = _norm().fused_add_rmsnorm_quant, self._weight(weight), _scale_tensor(float(params.scale), str(x.device))
         return lambda: fn(y, read["x"], residual, w, scale, eps)
 
+    repro_forward = """
+read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {"residual": residual}, out.y)
+flashinfer_norm.fused_add_rmsnorm_quant(y, read["x"], residual, _weight16(weight),
+                                        _scale_tensor(float(params.scale), str(x.device)), eps)
+_into(out.y, y)
+"""
+
 
 @register
 class FlashInferGemmaRMSNorm(_FlashInferFused):
@@ -508,6 +553,12 @@ class FlashInferGemmaRMSNorm(_FlashInferFused):
         read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
         fn, w = _norm().gemma_rmsnorm, self._weight(weight)
         return lambda: fn(read["x"], w, eps, out=y)
+
+    repro_forward = """
+read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
+flashinfer_norm.gemma_rmsnorm(read["x"], _weight16(weight), eps, out=y)
+_into(out.y, y)
+"""
 
 
 @register
@@ -532,6 +583,12 @@ class FlashInferRMSNormQuant(_FlashInferFp8):
         read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
         fn, w, scale = _norm().rmsnorm_quant, self._weight(weight), _scale_tensor(float(params.scale), str(x.device))
         return lambda: fn(y, read["x"], w, scale, eps)
+
+    repro_forward = """
+read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
+flashinfer_norm.rmsnorm_quant(y, read["x"], _weight16(weight), _scale_tensor(float(params.scale), str(x.device)), eps)
+_into(out.y, y)
+"""
 
 
 @register
@@ -591,3 +648,12 @@ class FlashInferLayerNormQuant(_FlashInferFp8):
         _norm().layernorm_quant(y, dense(x), _f32(weight, n), _f32(bias, n),
                                 _scale_tensor(float(params.scale), str(x.device)), eps)
         _into(out.y, y)
+
+    repro_forward = """
+n = x.shape[-1]
+dense = lambda t: t if t.stride(0) == n else t.clone(memory_format=torch.contiguous_format)  # noqa: E731
+y = out.y if out.y.stride(0) == n else torch.empty(out.y.shape, dtype=out.y.dtype, device=out.y.device)
+flashinfer_norm.layernorm_quant(y, dense(x), _f32(weight, n), _f32(bias, n),
+                                _scale_tensor(float(params.scale), str(x.device)), eps)
+_into(out.y, y)
+"""

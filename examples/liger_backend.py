@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
+from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport, ReproCall, cuda_present
 from impls.fused import FusedGrads, FusedNormKernel, FusedOutputs, FusedParams
 from impls.registry import register
 
@@ -51,6 +51,17 @@ LIGER_VERSION = "0.8.5"
 MAX_N = 65536  # liger_kernel.ops.utils.calculate_settings: MAX_FUSED_SIZE
 LIGER = OptionalImport("liger_kernel.ops.rms_norm", "liger_kernel.ops.layer_norm",
                        missing=f"liger_kernel not importable: pip install liger-kernel=={LIGER_VERSION}")
+
+
+def repro_call(kernel) -> ReproCall:
+    """A standalone repro (python -m harness.repro): the kernel's Liger module, imported as the
+    plug-in imports it (``liger``), called as _forward and _backward call it (repro_forward and
+    repro_backward)."""
+    imports = ("import importlib\n\nfrom liger_kernel.ops.utils import calculate_settings\n\n"
+               f"liger = importlib.import_module({kernel.liger_module!r})")
+    return ReproCall(imports=imports, forward=kernel.repro_forward, backward=kernel.repro_backward,
+                     source=f"NUM_STAGES = {NUM_STAGES}" if "NUM_STAGES" in kernel.repro_backward else "",
+                     requires=f"pip install liger-kernel=={LIGER_VERSION}")
 
 
 def _ops():
@@ -85,12 +96,15 @@ class _Liger(NormKernel):
             version = "not installed"
         return f"liger-kernel {version} (written for {LIGER_VERSION}); RMSNorm casting_mode='gemma', offset=0"
 
+    repro_call = repro_call
+
 
 @register
 class LigerRMSNorm(_Liger):
     op = "rms_norm"
     outputs = ("y", "rstd")
     call_name = "liger_kernel.ops.rms_norm.rms_norm_forward(x, weight, eps, 0.0, 'gemma', None)"
+    liger_module = "liger_kernel.ops.rms_norm"
 
     def _call(self, x, weight, bias, eps):
         rms, _ = _ops()
@@ -113,12 +127,28 @@ class LigerRMSNorm(_Liger):
         if out.dw is not None:
             out.dw.copy_(dw)
 
+    repro_forward = """
+y, _, rstd, *_ = liger.rms_norm_forward(x, weight, eps, 0.0, "gemma", None)
+out.y.copy_(y.view(out.y.shape))
+out.rstd.copy_(rstd.reshape(-1))
+"""
+    repro_backward = """
+block, warps = calculate_settings(x.shape[-1])
+mode = getattr(liger, "_str_to_casting_mode", {}).get("gemma", 1)
+dx, dw = liger.rms_norm_backward(dy.contiguous(), x.contiguous(), weight, saved.rstd.contiguous(), 0.0, mode,
+                                 block, warps, False, None)
+out.dx.copy_(dx.view(out.dx.shape))
+if out.dw is not None:
+    out.dw.copy_(dw)
+"""
+
 
 @register
 class LigerLayerNorm(_Liger):
     op = "layer_norm"
     outputs = ("y", "mean", "rstd")
     call_name = "liger_kernel.ops.layer_norm.layer_norm_forward(x, weight, bias, eps)"
+    liger_module = "liger_kernel.ops.layer_norm"
 
     def unsupported(self, spec: NormSpec) -> str | None:
         reason = super().unsupported(spec)
@@ -145,6 +175,20 @@ class LigerLayerNorm(_Liger):
         out.dx.copy_(dx.view(out.dx.shape))
         out.dw.copy_(dw)
         out.db.copy_(db)
+
+    repro_forward = """
+y, _, mean, rstd, *_ = liger.layer_norm_forward(x, weight, bias, eps)
+out.y.copy_(y.view(out.y.shape))
+out.mean.copy_(mean.reshape(-1))
+out.rstd.copy_(rstd.reshape(-1))
+"""
+    repro_backward = """
+dx, dw, db = liger.layer_norm_backward(dy.contiguous(), x.contiguous(), weight, bias, saved.mean.contiguous(),
+                                      saved.rstd.contiguous())
+out.dx.copy_(dx.view(out.dx.shape))
+out.dw.copy_(dw)
+out.db.copy_(db)
+"""
 
 
 # -- the fused family (impls.fused) -----------------------------------------------------------------
@@ -205,6 +249,7 @@ class LigerFusedAddRMSNorm(FusedNormKernel):
     residual_dtypes = ("same",)
     call_name = ("liger_kernel.ops.fused_add_rms_norm.fused_add_rms_norm_forward(x, residual, weight, eps, offset, "
                  "'gemma')")
+    liger_module = "liger_kernel.ops.fused_add_rms_norm"
     source = ("liger_kernel/ops/fused_add_rms_norm.py:231-286 (new Y and S in X's dtype :247-248), :32-120 "
               "(S = X + R rounded :79-80, gemma casting :89-91, y :109-120); backward :289-360 (in_place :317-320), "
               ":123-221; LigerFusedAddRMSNormFunction :363-432")
@@ -263,3 +308,23 @@ class LigerFusedAddRMSNorm(FusedNormKernel):
             out.dresidual.copy_(dr.view(out.dresidual.shape))
         if out.dw is not None:
             out.dw.copy_(dw)
+
+    repro_call = repro_call
+    repro_forward = """
+y, s, rstd, *_ = liger.fused_add_rms_norm_forward(x, residual, weight, eps, float(params.weight_offset), "gemma")
+out.y.copy_(y.view(out.y.shape))
+out.residual_out.copy_(s.view(out.residual_out.shape))
+out.rstd.copy_(rstd.reshape(-1))
+"""
+    repro_backward = """
+block, warps = calculate_settings(src.shape[-1])
+mode = liger._str_to_casting_mode["gemma"]
+ds = torch.zeros_like(src) if d_residual_out is None else d_residual_out
+dx, dr, dw = liger.fused_add_rms_norm_backward(dy, ds, src, weight, saved.rstd.contiguous(), weight_offset,
+                                               mode, block, warps, NUM_STAGES, False)
+out.dx.copy_(dx.view(out.dx.shape))
+if out.dresidual is not None:
+    out.dresidual.copy_(dr.view(out.dresidual.shape))
+if out.dw is not None:
+    out.dw.copy_(dw)
+"""

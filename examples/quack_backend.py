@@ -109,9 +109,10 @@ import math
 
 import torch
 
-from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
+from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport, ReproCall, cuda_present
 from impls.fused import ADD_OPS, FusedGrads, FusedNormKernel, FusedOutputs, FusedParams
 from impls.registry import register
+from impls.repro_calls import source_of
 
 QUACK_VERSION = "0.6.5"
 CUTLASS_DSL_VERSION = "4.7.1"
@@ -217,10 +218,9 @@ def benched_configs(n: int, x_bits: int, layer_norm: bool) -> list | None:
     return capped(menu, _heuristic(n, x_bits, layer_norm))
 
 
-def _cap_autotuner() -> None:
-    """Set quack.tuned's cap on QuACK's Autotuner (its own perf_model and top_k): the
-    AUTOTUNE_MAX_CONFIGS configs nearest the analytical heuristic of each call's shape."""
-    tuner = _quack().rmsnorm_fwd_tuned
+def _cap_autotuner(tuner) -> None:
+    """Set quack.tuned's cap on QuACK's Autotuner (``rmsnorm_fwd_tuned``; its own perf_model and
+    top_k): the AUTOTUNE_MAX_CONFIGS configs nearest the analytical heuristic of each call's shape."""
     if getattr(tuner, "normdiff_cap", None) == AUTOTUNE_MAX_CONFIGS:
         return
 
@@ -228,6 +228,20 @@ def _cap_autotuner() -> None:
         return nearness(config, _heuristic(x.shape[-1], 8 * x.element_size(), is_layernorm))
 
     tuner.perf_model, tuner.configs_top_k, tuner.normdiff_cap = distance, AUTOTUNE_MAX_CONFIGS, AUTOTUNE_MAX_CONFIGS
+
+
+def repro_call(kernel) -> ReproCall:
+    """A standalone repro (python -m harness.repro): quack.rmsnorm called as the plug-in calls it,
+    the layout helpers (and the tuned variant's cap) copied in; each class's repro_forward is its
+    _inputs, _entry and _forward, its repro_backward its _backward."""
+    helpers = [vector, as_quack_takes, _f32]
+    if kernel.variant == "tuned":
+        helpers = [f"AUTOTUNE_MAX_CONFIGS = {AUTOTUNE_MAX_CONFIGS}", *helpers, nearness, _heuristic, _cap_autotuner]
+    return ReproCall(
+        imports='import importlib\n\nquack_rmsnorm = importlib.import_module("quack.rmsnorm")  # the module',
+        source="\n\n\n".join(h if isinstance(h, str) else source_of(h) for h in helpers),
+        forward=kernel.repro_forward, backward=getattr(kernel, "repro_backward", None),
+        requires=f"pip install quack-kernels=={QUACK_VERSION} nvidia-cutlass-dsl=={CUTLASS_DSL_VERSION}")
 
 
 def _m_bucket(rows: int) -> int:
@@ -254,6 +268,22 @@ class _Quack(NormKernel):
             except md.PackageNotFoundError:
                 found.append(f"{pkg} not installed")
         return f"{', '.join(found)} (written for quack-kernels {QUACK_VERSION}); {self.call_name}"
+
+    repro_call = repro_call
+    repro_inputs = "x, weight, bias = as_quack_takes(x, n), as_quack_takes(weight, n), as_quack_takes(bias, n)"
+    repro_entry = ""  # _entry on the inputs, giving y, mean and rstd
+
+    @property
+    def repro_forward(self) -> str:
+        return f"""
+n = x.shape[-1]
+{self.repro_inputs}
+{self.repro_entry.strip()}
+out.y.copy_(y.view(out.y.shape))
+out.rstd.copy_(rstd.reshape(-1))
+if out.mean is not None:
+    out.mean.copy_(mean.reshape(-1))
+"""
 
     def _inputs(self, x, weight, bias) -> tuple:
         """What QuACK's entry point requires of x, weight and bias, made before its call."""
@@ -348,6 +378,15 @@ class QuackRMSNorm(_QuackDefault):
         if out.dw is not None:
             out.dw.copy_(dw)
 
+    repro_entry = "y, _, rstd = quack_rmsnorm.rmsnorm_fwd(x, weight, eps=eps, store_rstd=True)\nmean = None"
+    repro_backward = """
+n = x.shape[-1]
+dx, dw, _, _ = quack_rmsnorm.rmsnorm_bwd(as_quack_takes(x, n), weight, as_quack_takes(dy, n), saved.rstd.contiguous())
+out.dx.copy_(dx.view(out.dx.shape))
+if out.dw is not None:
+    out.dw.copy_(dw)
+"""
+
 
 def _f32(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return None if t is None else as_quack_takes(t.float(), n)
@@ -384,6 +423,18 @@ class QuackLayerNorm(_QuackDefault):
         out.dw.copy_(dw)
         if out.db is not None:
             out.db.copy_(db)
+
+    repro_inputs = "x, weight, bias = as_quack_takes(x, n), _f32(weight, n), _f32(bias, n)"
+    repro_entry = "y, rstd, mean = quack_rmsnorm.layernorm_fwd(x, weight, bias, eps, return_rstd=True, return_mean=True)"
+    repro_backward = """
+n = x.shape[-1]
+dx, dw, db = quack_rmsnorm.layernorm_bwd(as_quack_takes(x, n), _f32(weight, n), as_quack_takes(dy, n),
+                                         saved.rstd.contiguous(), saved.mean.contiguous(), has_bias=bias is not None)
+out.dx.copy_(dx.view(out.dx.shape))
+out.dw.copy_(dw)
+if out.db is not None:
+    out.db.copy_(db)
+"""
 
 
 class _QuackTuned(_Quack):
@@ -428,13 +479,23 @@ class _QuackTuned(_Quack):
         return ("quack", self.variant, spec.op, spec.dtype, spec.rows, spec.n, stride, spec.has_weight, spec.has_bias)
 
     def _entry(self, x, weight, bias, eps):
-        _cap_autotuner()
+        _cap_autotuner(_quack().rmsnorm_fwd_tuned)
         y = torch.empty_like(x)
         rstd = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
         mean = torch.empty_like(rstd) if self.is_layernorm else None
         _quack().rmsnorm_fwd_tuned(x, weight, y, bias, rstd, mean, eps=eps,
                                    is_layernorm=self.is_layernorm, per_head=False)
         return y, mean, rstd
+
+    @property
+    def repro_entry(self) -> str:
+        return f"""
+_cap_autotuner(quack_rmsnorm.rmsnorm_fwd_tuned)
+y = torch.empty_like(x)
+rstd = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+mean = {"torch.empty_like(rstd)" if self.is_layernorm else None}
+quack_rmsnorm.rmsnorm_fwd_tuned(x, weight, y, bias, rstd, mean, eps=eps, is_layernorm={self.is_layernorm}, per_head=False)
+"""
 
     def workspace_bytes(self, spec: NormSpec) -> int:
         size = torch.empty((), dtype=spec.dtype).element_size()
@@ -457,6 +518,7 @@ class QuackTunedLayerNorm(_QuackTuned):
     is_layernorm = True
     call_name = ("quack.rmsnorm.rmsnorm_fwd_tuned(x, weight_f32, out, bias_f32, rstd, mean, eps=eps, "
                  "is_layernorm=True)")
+    repro_inputs = QuackLayerNorm.repro_inputs
 
     def _inputs(self, x, weight, bias):
         n = x.shape[-1]
@@ -530,6 +592,20 @@ class _QuackFused(FusedNormKernel):
         if out.dw is not None:
             out.dw.copy_(dw)
 
+    repro_call = repro_call
+    repro_grads = """
+n = src.shape[-1]
+dres = {dres}
+dx, dw, _, dresidual = quack_rmsnorm.rmsnorm_bwd(
+    as_quack_takes(src, n), weight, as_quack_takes(dy, n), saved.rstd.contiguous(), dres,
+    has_bias=False, has_residual=out.dresidual is not None, weight_offset=weight_offset)
+out.dx.copy_(dx.view(out.dx.shape))
+if out.dresidual is not None:
+    out.dresidual.copy_(dresidual.view(out.dresidual.shape))
+if out.dw is not None:
+    out.dw.copy_(dw)
+"""  # _grads, with what its caller passes as d_residual_out
+
 
 # The residual backward on 16-bit rows (docs/checks.md, *Found by it*): RMSNormFunction saves
 # residual_out rounded to 16 bits and the forward's rstd, taken on the float32 sum
@@ -585,6 +661,18 @@ class QuackAddRMSNorm(_QuackFused):
     def _backward(self, src, weight, bias, dy, d_residual_out, saved, eps, weight_offset, out: FusedGrads) -> None:
         self._grads(src, weight, dy, d_residual_out, saved, weight_offset, out)
 
+    repro_forward = """
+n = x.shape[-1]
+y, r_out, rstd = quack_rmsnorm.rmsnorm_fwd(as_quack_takes(x, n), as_quack_takes(weight, n),
+                                           residual=as_quack_takes(residual, n), eps=eps, store_rstd=True,
+                                           weight_offset=float(params.weight_offset))
+out.y.copy_(y.view(out.y.shape))
+out.residual_out.copy_(r_out.view(out.residual_out.shape))
+out.rstd.copy_(rstd.reshape(-1))
+"""
+    repro_backward = _QuackFused.repro_grads.format(
+        dres="None if d_residual_out is None else as_quack_takes(d_residual_out, n)")
+
     def known_issue(self, case, device: str, inputs=None) -> str | None:
         # Odd 16-bit rows compile nothing: that issue, not the backward's values.
         odd = super().known_issue(case, device, inputs)
@@ -621,3 +709,12 @@ class QuackRMSNormOffset(_QuackFused):
 
     def _backward(self, src, weight, bias, dy, d_residual_out, saved, eps, weight_offset, out: FusedGrads) -> None:
         self._grads(src, weight, dy, None, saved, weight_offset, out)
+
+    repro_forward = """
+n = x.shape[-1]
+y, _, rstd = quack_rmsnorm.rmsnorm_fwd(as_quack_takes(x, n), as_quack_takes(weight, n), eps=eps, store_rstd=True,
+                                       weight_offset=float(params.weight_offset))
+out.y.copy_(y.view(out.y.shape))
+out.rstd.copy_(rstd.reshape(-1))
+"""
+    repro_backward = _QuackFused.repro_grads.format(dres="None")

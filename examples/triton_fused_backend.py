@@ -22,9 +22,10 @@ use_interpreter()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from impls.base import cuda_present  # noqa: E402
+from impls.base import ReproCall, cuda_present  # noqa: E402
 from impls.fused import FusedNormKernel, FusedOutputs, FusedParams  # noqa: E402
 from impls.registry import register  # noqa: E402
+from impls.repro_calls import source_of  # noqa: E402
 
 MAX_BLOCK = 4096  # longer rows go in tiles of this many
 
@@ -134,3 +135,13 @@ class MyFusedAddRMSNorm(FusedNormKernel):
         # Under write="in_place" (the only one declared) out.y is x and out.residual_out is
         # residual: the call writes them where they are.
         fused_add_rmsnorm(x, residual, weight, eps, params.weight_offset)
+
+    def repro_call(self):
+        """A standalone repro (python -m harness.repro) holds the library call and its kernels, and
+        calls it as above."""
+        source = "\n\n\n".join((f"MAX_BLOCK = {MAX_BLOCK}", source_of(_round_bf16, _fused_add_rmsnorm_row),
+                                  "INTERPRETED = type(_fused_add_rmsnorm_row).__name__ == 'InterpretedFunction'",
+                                  source_of(_rows, fused_add_rmsnorm)))
+        return ReproCall(imports="import triton\nimport triton.language as tl", source=source,
+                         forward="fused_add_rmsnorm(x, residual, weight, eps, params.weight_offset)",
+                         requires="pip install triton")

@@ -41,13 +41,16 @@ from __future__ import annotations
 
 import torch
 
-from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport, cuda_present
+from impls.base import NormGrads, NormKernel, NormOutputs, NormSpec, OptionalImport, ReproCall, cuda_present
 from impls.reference import reference
 from impls.registry import register
+from impls.repro_calls import source_of
 
 EXTENSION = "fused_layer_norm_cuda"
 MAX_ELEMENTS = 2**31 - 1  # the kernels index elements with int
 EXT = OptionalImport(EXTENSION, missing=f"{EXTENSION} not importable (apex built without its CUDA extensions): see README")
+APEX_BUILD = ("apex with its CUDA extensions, built from a clone of NVIDIA/apex: APEX_CPP_EXT=1 APEX_CUDA_EXT=1 "
+              "pip install -v --no-build-isolation .")
 
 
 def _load():
@@ -118,10 +121,9 @@ def _version() -> str:
         return "version unknown"
 
 
-def _backward_call(name: str, *args):
-    """Call the backward entry point ``name`` with memory_efficient=False, or without the flag
-    on builds from before it (their signature is the same less that last argument)."""
-    fn = getattr(_load(), name)
+def _backward_call(fn, *args):
+    """Call the backward entry point ``fn`` with memory_efficient=False, or without the flag on
+    builds from before it (their signature is the same less that last argument)."""
     try:
         return fn(*args, False)
     except TypeError as exc:
@@ -157,6 +159,11 @@ class _Apex(NormKernel):
         return (f"apex {_version()}, {EXTENSION} entry points; rows with a stride are copied to contiguous first; "
                 "y rounded to the input dtype before the weight and before the bias (judged under that contract)")
 
+    def repro_call(self) -> ReproCall:
+        """The extension's entry points as _forward and _backward call them (repro_forward, repro_backward)."""
+        return ReproCall(imports=f"import {EXTENSION}  # apex's CUDA extension", source=source_of(_backward_call),
+                         forward=self.repro_forward, backward=self.repro_backward, requires=APEX_BUILD)
+
     def unsupported(self, spec: NormSpec) -> str | None:
         reason = super().unsupported(spec)
         if reason:
@@ -186,11 +193,30 @@ class ApexRMSNorm(_Apex):
     def _backward(self, x, weight, bias, dy, saved: NormOutputs, eps, out: NormGrads) -> None:
         x, dy, rstd, n = x.contiguous(), dy.contiguous(), saved.rstd.contiguous(), [x.shape[-1]]
         if weight is None:
-            out.dx.copy_(_backward_call("rms_backward", dy, rstd, x, n, eps))
+            out.dx.copy_(_backward_call(_load().rms_backward, dy, rstd, x, n, eps))
             return
-        dx, dw = _backward_call("rms_backward_affine", dy, rstd, x, n, weight, eps)
+        dx, dw = _backward_call(_load().rms_backward_affine, dy, rstd, x, n, weight, eps)
         out.dx.copy_(dx)
         out.dw.copy_(dw)
+
+    repro_forward = """
+x = x.contiguous()
+if weight is None:
+    y, invvar = fused_layer_norm_cuda.rms_forward(x, [x.shape[-1]], eps)
+else:
+    y, invvar = fused_layer_norm_cuda.rms_forward_affine(x, [x.shape[-1]], weight, eps)
+out.y.copy_(y)
+out.rstd.copy_(invvar.reshape(-1))
+"""
+    repro_backward = """
+x, dy, rstd, n = x.contiguous(), dy.contiguous(), saved.rstd.contiguous(), [x.shape[-1]]
+if weight is None:
+    out.dx.copy_(_backward_call(fused_layer_norm_cuda.rms_backward, dy, rstd, x, n, eps))
+else:
+    dx, dw = _backward_call(fused_layer_norm_cuda.rms_backward_affine, dy, rstd, x, n, weight, eps)
+    out.dx.copy_(dx)
+    out.dw.copy_(dw)
+"""
 
 
 @register
@@ -224,9 +250,31 @@ class ApexLayerNorm(_Apex):
         x, dy, n = x.contiguous(), dy.contiguous(), [x.shape[-1]]
         mean, rstd = saved.mean.contiguous(), saved.rstd.contiguous()
         if weight is None:  # weight and bias together or neither (unsupported() refuses the rest)
-            out.dx.copy_(_backward_call("backward", dy, mean, rstd, x, n, eps))
+            out.dx.copy_(_backward_call(_load().backward, dy, mean, rstd, x, n, eps))
             return
-        dx, dw, db = _backward_call("backward_affine", dy, mean, rstd, x, n, weight, bias, eps)
+        dx, dw, db = _backward_call(_load().backward_affine, dy, mean, rstd, x, n, weight, bias, eps)
         out.dx.copy_(dx)
         out.dw.copy_(dw)
         out.db.copy_(db)
+
+    repro_forward = """
+x = x.contiguous()
+if weight is None:
+    y, mean, invvar = fused_layer_norm_cuda.forward(x, [x.shape[-1]], eps)
+else:
+    y, mean, invvar = fused_layer_norm_cuda.forward_affine(x, [x.shape[-1]], weight, bias, eps)
+out.y.copy_(y)
+out.mean.copy_(mean.reshape(-1))
+out.rstd.copy_(invvar.reshape(-1))
+"""
+    repro_backward = """
+x, dy, n = x.contiguous(), dy.contiguous(), [x.shape[-1]]
+mean, rstd = saved.mean.contiguous(), saved.rstd.contiguous()
+if weight is None:
+    out.dx.copy_(_backward_call(fused_layer_norm_cuda.backward, dy, mean, rstd, x, n, eps))
+else:
+    dx, dw, db = _backward_call(fused_layer_norm_cuda.backward_affine, dy, mean, rstd, x, n, weight, bias, eps)
+    out.dx.copy_(dx)
+    out.dw.copy_(dw)
+    out.db.copy_(db)
+"""

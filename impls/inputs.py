@@ -61,12 +61,16 @@ class ReproCall:
     """How a kernel is called outside the harness, for a standalone repro (harness.repro): the
     lines that import its library, and the bodies of the kernel's ``_forward`` and ``_backward``
     (with their arguments' names) written on that library's public API. ``source``: code of the
-    plug-in the call needs (a ``@triton.jit`` kernel), copied into the repro."""
+    plug-in the call needs (a ``@triton.jit`` kernel), copied into the repro. ``requires``: what to
+    install for ``imports`` (a pip line), which the repro prints, exiting 2, where they fail;
+    ``note``: why the call is what it is (a kernel called through normdiff says why)."""
 
     imports: str
     forward: str
     backward: str | None = None
     source: str = ""
+    requires: str = ""
+    note: str = ""
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -3,6 +3,9 @@ through torch's own operators, and normdiff's own kernels through normdiff (the 
 is the project itself: the registered kernel called with the outputs to fill)."""
 from __future__ import annotations
 
+import inspect
+import textwrap
+
 from impls.base import ReproCall
 
 TORCH_RMS = ReproCall(imports="", forward="""
@@ -45,10 +48,18 @@ _FUSED = ("KERNEL(x, residual, weight, bias, eps, weight_offset=params.weight_of
           "                 eps, weight_offset, FusedGrads(out.dx, out.dresidual, out.dw, out.db))")
 
 
-def through_normdiff(kernel) -> ReproCall:
-    """A kernel of the project: normdiff's registered kernel, called as a user of the project calls it."""
+def source_of(*objects) -> str:
+    """The source of a plug-in's functions (a ``@triton.jit`` kernel's own function), the helpers
+    its call makes its layout with, to copy into a repro (ReproCall.source) as they are."""
+    return "\n\n\n".join(textwrap.dedent(inspect.getsource(getattr(o, "fn", o))).strip() for o in objects)
+
+
+def through_normdiff(kernel, note: str = "") -> ReproCall:
+    """A kernel of the project: normdiff's registered kernel, called as a user of the project calls
+    it; ``note``: why (by default, normdiff is its library)."""
     forward, backward = _FUSED if getattr(kernel, "family", "plain") == "fused" else _PLAIN
     imports = ("from impls import registry  # the library under test: normdiff (pip install -e . in its checkout)\n"
                "from impls.base import NormGrads, NormOutputs\nfrom impls.fused import FusedGrads, FusedOutputs\n\n"
                f"registry.load_builtins()\nKERNEL = registry.get({kernel.op!r}, {kernel.backend!r}, {kernel.variant!r})")
-    return ReproCall(imports=imports, forward=forward, backward=backward)
+    return ReproCall(imports=imports, forward=forward, backward=backward, requires="pip install -e . in normdiff's checkout",
+                     note=note)

@@ -30,8 +30,10 @@ from typing import Callable, ClassVar
 
 import torch
 
-from impls.base import DEFAULT_EPS, NormGrads, NormKernel, NormOutputs, NormSpec, UnsupportedCase, cuda_present
+from impls.base import (DEFAULT_EPS, NormGrads, NormKernel, NormOutputs, NormSpec, ReproCall, UnsupportedCase,
+                         cuda_present)
 from impls.registry import register
+from impls.repro_calls import source_of
 
 _PROBES: dict[str, str | None] = {}  # device type -> why Inductor cannot compile there, or None
 # While it tunes a new compile on a GPU, Inductor's benchmarker flushes the L2 cache with a buffer
@@ -95,6 +97,30 @@ def _rms_norm_y(x, weight, bias, eps: float):
 
 def _layer_norm_y(x, weight, bias, eps: float):
     return torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)[0]
+
+
+def mark_rows(dynamic: bool, *tensors) -> None:
+    """The row count a dynamic dimension of the graph (the shape class's rows are None), on every
+    tensor given that has rows."""
+    if dynamic:
+        for t in tensors:
+            if t is not None:
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+
+
+def grads_through(fn, x, weight, bias, dy, eps: float, out, dynamic: bool) -> None:
+    """dx, dw and db into ``out``: autograd through ``fn``, the compiled forward's y."""
+    with torch.enable_grad():
+        xl, wl, bl = (None if t is None else t.detach().requires_grad_() for t in (x, weight, bias))
+        mark_rows(dynamic, xl)
+        leaves = [t for t in (xl, wl, bl) if t is not None]
+        grads = iter(torch.autograd.grad(fn(xl, wl, bl, eps), leaves, dy))
+    out.dx.copy_(next(grads))
+    for t, given in ((out.dw, wl), (out.db, bl)):
+        if given is not None:
+            g = next(grads)
+            if t is not None:
+                t.copy_(g)
 
 
 def _fresh(fn: Callable, tag: str) -> Callable:
@@ -165,10 +191,7 @@ class _TorchCompile(NormKernel):
         if fn is None:
             fn = torch.compile(_fresh(type(self)._fn, f"c{len(self._compiled)}"), dynamic=False, fullgraph=True)
             self._compiled[key] = fn
-        if key[3] is None:  # dynamic row count: marked on every tensor that has rows
-            for t in (x, out.y, out.mean, out.rstd):
-                if t is not None:
-                    torch._dynamo.maybe_mark_dynamic(t, 0)
+        mark_rows(key[3] is None, x, out.y, out.mean, out.rstd)
         args = self._args(x, weight, bias, eps, out)
         return lambda: fn(*args)
 
@@ -181,18 +204,18 @@ class _TorchCompile(NormKernel):
         if fn is None:
             fn = torch.compile(_fresh(type(self)._y_fn, f"b{len(self._compiled_bwd)}"), dynamic=False, fullgraph=True)
             self._compiled_bwd[key] = fn
-        with torch.enable_grad():
-            xl, wl, bl = (None if t is None else t.detach().requires_grad_() for t in (x, weight, bias))
-            if key[3] is None:
-                torch._dynamo.maybe_mark_dynamic(xl, 0)
-            leaves = [t for t in (xl, wl, bl) if t is not None]
-            grads = iter(torch.autograd.grad(fn(xl, wl, bl, eps), leaves, dy))
-        out.dx.copy_(next(grads))
-        for t, given in ((out.dw, wl), (out.db, bl)):
-            if given is not None:
-                g = next(grads)
-                if t is not None:
-                    t.copy_(g)
+        grads_through(fn, x, weight, bias, dy, eps, out, key[3] is None)
+
+    def repro_call(self) -> ReproCall:
+        """The same functions compiled the same way, one shape class (its rows dynamic where _key's are)."""
+        fn, y_fn = type(self)._fn, type(self)._y_fn
+        dynamic = "x.shape[0] > 1 and dynamic_rows(x.device.type)"
+        return ReproCall(
+            imports="", source=source_of(dynamic_rows, mark_rows, grads_through, fn, y_fn),
+            forward=(f"mark_rows({dynamic}, x, out.y, out.mean, out.rstd)\n"
+                     f"torch.compile({fn.__name__}, dynamic=False, fullgraph=True)({self.repro_args})"),
+            backward=(f"grads_through(torch.compile({y_fn.__name__}, dynamic=False, fullgraph=True), x, weight, bias, "
+                      f"dy, eps, out,\n              {dynamic})"))
 
     def bench_callable(self, x, weight, bias, eps, out):
         # Run once here, so a class that prepare() did not cover still compiles outside the timing.
@@ -255,6 +278,8 @@ class CompiledRMSNorm(_TorchCompile):
     def _args(self, x, weight, bias, eps, out):
         return (x, weight, eps, out.y, out.rstd)
 
+    repro_args = "x, weight, eps, out.y, out.rstd"  # _args, in a repro
+
 
 @register
 class CompiledLayerNorm(_TorchCompile):
@@ -265,3 +290,5 @@ class CompiledLayerNorm(_TorchCompile):
 
     def _args(self, x, weight, bias, eps, out):
         return (x, weight, bias, eps, out.y, out.mean, out.rstd)
+
+    repro_args = "x, weight, bias, eps, out.y, out.mean, out.rstd"  # _args, in a repro

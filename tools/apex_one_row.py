@@ -89,10 +89,10 @@ def run_case(case_id: str, device: str, ext) -> None:
         from impls.apex import _backward_call
         if op == "layer_norm":
             stats = ext.forward_affine(x, n, w, b, eps)[1:]
-            got = _backward_call("backward_affine", dy, *stats, x, n, w, b, eps)[0]
+            got = _backward_call(ext.backward_affine, dy, *stats, x, n, w, b, eps)[0]
         else:
             stats = [None, ext.rms_forward_affine(x, n, w, eps)[1]]
-            got = _backward_call("rms_backward_affine", dy, stats[1], x, n, w, eps)[0]
+            got = _backward_call(ext.rms_backward_affine, dy, stats[1], x, n, w, eps)[0]
         em = [t.numpy() for t in cuda_draws(case)[:2]]  # the CPU's emulation of these CUDA draws
         line += (f" | emulated draws: x {'==' if (em[0] == x.cpu().numpy()).all() else '!='}, w within "
                  f"{np.abs(em[1] - w.cpu().numpy()).max():.1g} | apex {judge(op, x, w, b, dy, eps, got)}")

@@ -8,10 +8,11 @@ Written on this machine (no run's report given; --report names where it was seen
 nvidia-cutlass-dsl not installed as a distribution, commit a92dde6 (with uncommitted changes),
 2026-12-07 03:15:07 UTC.
 
-Run: python flashinfer-layernorm-quant.py; exits 1 while the defect is present, 0 when the outputs are within the
-allowance and the write guard. It needs torch.
-The kernel declares no standalone call (NormKernel.repro_call): this file imports its plug-in
-(or normdiff's module) and so needs normdiff installed.
+Run: python flashinfer-layernorm-quant.py; exits 1 while the defect is present, 0 when the outputs
+are within the allowance and the write guard, 2 where the kernel's library does not import. It needs
+torch and the kernel's library (pip install flashinfer-python==0.7.2.post1
+nvidia-cutlass-dsl==4.7.1).
+Nothing of normdiff is imported.
 Written by `python -m harness.repro`."""
 
 import math
@@ -19,7 +20,6 @@ import os
 import sys
 from types import SimpleNamespace as Namespace
 
-os.environ.setdefault('TRITON_INTERPRET', '1')
 import torch  # noqa: E402
 
 CASE, KERNEL = 'layer_norm-bfloat16-17x1000-normal-e4m3s1', 'flashinfer.layernorm_quant'
@@ -371,19 +371,109 @@ def reference_fused(x, residual, weight, bias, eps):
     w = None if weight is None else weight.double() + WEIGHT_OFFSET
     return reference(BASE_OP, src, w, bias, eps), s, w
 
-# -- the call: no standalone call declared (NormKernel.repro_call), so through normdiff:
-import importlib  # noqa: E402
+# -- the call: flashinfer.layernorm_quant through its library, as its plug-in calls it (NormKernel.repro_call)
+try:
+    import functools
+    import importlib
 
-from impls import registry  # noqa: E402
-from impls.base import NormGrads, NormOutputs  # noqa: E402
-from impls.fused import FusedGrads, FusedOutputs, FusedParams  # noqa: E402
+    flashinfer_norm = importlib.import_module("flashinfer.norm")
+except ImportError as exc:  # not installed here: no verdict (exit 2)
+    print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    print("flashinfer.layernorm_quant's library does not import here; this repro needs it: pip install flashinfer-python==0.7.2.post1 nvidia-cutlass-dsl==4.7.1", file=sys.stderr)
+    sys.exit(2)
 
-registry.load_file('examples/flashinfer_backend.py')  # the plug-in file the run loaded
-KERNEL = registry.get(OP, 'flashinfer', 'layernorm_quant')
+class UnsupportedCase(RuntimeError):
+    """A layout the call does not take as it is (normdiff skips such a case)."""
+
+
+def vector(n: int, dtype: torch.dtype) -> int:
+    """Elements of FlashInfer's widest access for rows of N (16 bytes at most)."""
+    return math.gcd(n, 16 // torch.empty((), dtype=dtype).element_size())
+
+
+def as_flashinfer_takes(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """``t`` where FlashInfer's compiled kernels take it as it is (see the module docstring), else
+    a fresh contiguous copy."""
+    if t is None:
+        return None
+    size = t.element_size()
+    if t.stride(-1) == 1:
+        if t.is_contiguous() and t.data_ptr() % math.gcd(128, n * size) == 0 and t.data_ptr() % 16 == 0:
+            return t
+        if t.dim() == 2 and t.stride(0) % vector(n, t.dtype) == 0 and t.data_ptr() % 16 == 0:
+            return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _f32(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if t is None else as_flashinfer_takes(t.float(), n)
+
+
+def _misfit(named: list, n: int, dtype: torch.dtype) -> tuple[int, str] | None:
+    """(index, why) of the first tensor FlashInfer's compiled kernels would not take as it is, else
+    None. Where every tensor of the call is contiguous (and M * N < 2**31) they run a compact
+    kernel that assumes starts aligned to gcd(128, N * element bytes); else a strided one that
+    assumes 16-byte starts and row strides a multiple of x's vector (fa.py:917-934, :979-1003,
+    :1051-1055; rms.py:1276-1292). The compiled function checks the alignment at each call and
+    raises ValueError (nvidia-cutlass-dsl 4.7.1, base_dsl/tvm_ffi_builder/tvm_ffi_builder.py:2197-2216)."""
+    rows = named[0][1].shape[0]
+    compact = all(t.is_contiguous() for _, t in named) and rows * n <= 2**31 - 1
+    v = vector(n, dtype)
+    for i, (label, t) in enumerate(named):
+        if compact:
+            align = math.gcd(128, n * t.element_size())
+            if t.data_ptr() % align:
+                return i, (f"{label} starts {t.data_ptr() % align} bytes past a {align}-byte boundary: flashinfer's "
+                           f"compact kernel assumes {align}-byte aligned rows")
+        elif t.data_ptr() % 16 or (t.shape[0] > 1 and t.stride(0) % v):
+            return i, (f"{label}'s rows (start {t.data_ptr() % 16} bytes past 16, stride {t.stride(0)}) are not what "
+                       f"flashinfer's strided kernel assumes: 16-byte aligned starts, strides a multiple of {v}")
+    return None
+
+
+def _take_rows(n: int, dtype: torch.dtype, read: dict, in_place: dict, y: torch.Tensor | None = None):
+    """(the inputs FlashInfer only reads, the buffer it is to write y into) as its kernels take
+    them: read inputs copied to fresh contiguous rows, and y given a fresh buffer (its caller then
+    copies it into ``y``), where they would not be taken as they are. What it writes in place (x,
+    residual) must fit as it is, else UnsupportedCase: a copy would not be the call."""
+    target = y
+    for _ in range(3):
+        named = list(read.items()) + list(in_place.items()) + ([("out.y", target)] if target is not None else [])
+        bad = _misfit(named, n, dtype)
+        if bad is None:
+            return read, target
+        index, why = bad
+        if len(read) <= index < len(read) + len(in_place):
+            raise UnsupportedCase(why)
+        if index < len(read):
+            read = {k: t.clone(memory_format=torch.contiguous_format) for k, t in read.items()}
+        else:
+            target = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    raise UnsupportedCase(why)
+
+
+def _into(y: torch.Tensor, written: torch.Tensor) -> None:
+    if written is not y:
+        y.copy_(written)
+
+
+@functools.cache
+def _scale_tensor(scale: float, device: str) -> torch.Tensor:
+    """The fp8 scale as FlashInfer takes it: float32, shape (1,), on x's device (api.py:140-170)."""
+    return torch.tensor([scale], dtype=torch.float32, device=device)
+
+
+def _weight16(weight: torch.Tensor) -> torch.Tensor:
+    return weight if weight.data_ptr() % 16 == 0 else weight.clone()  # compiled 16-byte aligned (fa.py:936)
 
 
 def call_forward(x, residual, weight, bias, eps, params, out):
-    KERNEL._forward(x, residual, weight, bias, eps, FusedParams(params.weight_offset, params.out_dtype, params.scale, params.write), FusedOutputs(out.y, out.residual_out, out.mean, out.rstd))
+    n = x.shape[-1]
+    dense = lambda t: t if t.stride(0) == n else t.clone(memory_format=torch.contiguous_format)  # noqa: E731
+    y = out.y if out.y.stride(0) == n else torch.empty(out.y.shape, dtype=out.y.dtype, device=out.y.device)
+    flashinfer_norm.layernorm_quant(y, dense(x), _f32(weight, n), _f32(bias, n),
+                                    _scale_tensor(float(params.scale), str(x.device)), eps)
+    _into(out.y, y)
 
 
 

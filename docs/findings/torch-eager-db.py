@@ -6,8 +6,8 @@ Written on this machine (no run's report given; --report names where it was seen
 (CPU), driver -, CUDA -, torch 2.13.0+cpu, commit a92dde6 (with uncommitted changes), 2026-12-07
 03:14:39 UTC.
 
-Run: python torch-eager-db.py; exits 1 while the defect is present, 0 when the outputs are within the
-allowance and the write guard. It needs torch and the kernel's library.
+Run: python torch-eager-db.py; exits 1 while the defect is present, 0 when the outputs are within
+the allowance and the write guard. It needs torch and the kernel's library.
 Nothing of normdiff is imported.
 Written by `python -m harness.repro`."""
 

@@ -6,9 +6,10 @@ Written on this machine (no run's report given; --report names where it was seen
 (CPU), driver -, CUDA -, torch 2.13.0+cpu, triton 3.6.0, commit a92dde6 (with uncommitted changes),
 2026-12-07 03:14:46 UTC.
 
-Run: python triton-interpreter-reduce.py; exits 1 while the defect is present, 0 when the outputs are within the
-allowance and the write guard. It needs torch and the kernel's library.
-Nothing of normdiff is imported (the kernel is normdiff's own: its library is normdiff).
+Run: python triton-interpreter-reduce.py; exits 1 while the defect is present, 0 when the outputs
+are within the allowance and the write guard, 2 where the kernel's library does not import. It needs
+torch and the kernel's library (pip install -e . in normdiff's checkout).
+It imports normdiff: the kernel is normdiff's own (its library is normdiff).
 Written by `python -m harness.repro`."""
 
 import math
@@ -272,12 +273,17 @@ def flat(t):
     return None if t is None else t.view(-1)
 
 # -- the call: triton.rowwise through its library, as its plug-in calls it (NormKernel.repro_call)
-from impls import registry  # the library under test: normdiff (pip install -e . in its checkout)
-from impls.base import NormGrads, NormOutputs
-from impls.fused import FusedGrads, FusedOutputs
+try:
+    from impls import registry  # the library under test: normdiff (pip install -e . in its checkout)
+    from impls.base import NormGrads, NormOutputs
+    from impls.fused import FusedGrads, FusedOutputs
 
-registry.load_builtins()
-KERNEL = registry.get('layer_norm', 'triton', 'rowwise')
+    registry.load_builtins()
+    KERNEL = registry.get('layer_norm', 'triton', 'rowwise')
+except ImportError as exc:  # not installed here: no verdict (exit 2)
+    print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    print("triton.rowwise's library does not import here; this repro needs it: pip install -e . in normdiff's checkout", file=sys.stderr)
+    sys.exit(2)
 
 def call_forward(x, weight, bias, eps, out):
     KERNEL(x, weight, bias, eps, out=NormOutputs(out.y, out.mean, out.rstd))

@@ -71,15 +71,19 @@ def header(t: Target, command: str) -> list[str]:
     said = reported(t.record)
     if said:
         lines += ["The report printed:", *("    " + s for s in said)]
-    lines += ["", f"Run: python {command}; exits 1 while the defect is present, 0 when the outputs are within the",
-              "allowance and the write guard. It needs torch" + (" and the kernel's library" if decl else "") + "."]
+    needs = ("" if decl is None else " and the kernel's library" + (f" ({decl.requires})" if decl.requires else ""))
+    run = (f"Run: python {command}; exits 1 while the defect is present, 0 when the outputs are within the allowance "
+           "and the write guard" + (", 2 where the kernel's library does not import" if decl and decl.requires else "")
+           + f". It needs torch{needs}.")
+    lines += ["", *textwrap.wrap(run, 100, break_on_hyphens=False)]
     if decl is None:
         lines += ["The kernel declares no standalone call (NormKernel.repro_call): this file imports its plug-in",
                   "(or normdiff's module) and so needs normdiff installed."]
     else:
-        lines.append("Nothing of normdiff is imported" + (" (the kernel is normdiff's own: its library is normdiff)."
-                                                          if "impls" in decl.imports or "normdiff" in decl.imports
-                                                          else "."))
+        own = "impls" in decl.imports or "normdiff" in decl.imports
+        lines.append("It imports normdiff: the kernel is normdiff's own (its library is normdiff)." if own else
+                     "Nothing of normdiff is imported.")
+        lines += textwrap.wrap(decl.note, 100, break_on_hyphens=False)
     return lines + ['Written by `python -m harness.repro`."""', ""]
 
 
@@ -118,7 +122,7 @@ def call_section(t: Target) -> list[str]:
     sig = SIGNATURES
     if decl is not None:
         lines = [f"# -- the call: {k.name} through its library, as its plug-in calls it (NormKernel.repro_call)",
-                 *decl.imports.strip().splitlines(), ""]
+                 *import_lines(k.name, decl), ""]
         if decl.source.strip():
             lines += [*textwrap.dedent(decl.source).strip().splitlines(), "", ""]
         lines += [f"def call_forward({sig[(t.fused, False)]}):",
@@ -143,6 +147,19 @@ def call_section(t: Target) -> list[str]:
     if t.backward:
         lines += [f"def call_backward({sig[key]}):", "    " + FALLBACK_CALLS[key], ""]
     return lines + [""]
+
+
+def import_lines(name: str, decl) -> list[str]:
+    """The declared imports; with ``requires``, inside a try that says what to install and exits 2
+    (no verdict) where they fail."""
+    lines = decl.imports.strip().splitlines()
+    if not decl.requires:
+        return lines
+    said = f"{name}'s library does not import here; this repro needs it: {decl.requires}"
+    return ["try:", *("    " + ln if ln.strip() else "" for ln in lines),
+            "except ImportError as exc:  # not installed here: no verdict (exit 2)",
+            '    print(f"{type(exc).__name__}: {exc}", file=sys.stderr)',
+            f"    print({said!r}, file=sys.stderr)", "    sys.exit(2)"]
 
 
 def env_lines(t: Target) -> list[str]:

@@ -7,6 +7,7 @@ import torch
 
 from impls import fastpath
 from impls.base import NormKernel, NormOutputs, NormSpec, UnsupportedCase, cuda_present
+from impls.repro_calls import through_normdiff
 from impls.tilelang import compiler
 from impls.tilelang.backward import TileLangBackward
 from impls.tilelang.plan import DECODE_MAX_ROWS, DECODE_TUNED, FRAGMENT_MAX_N, Plan, choose_vec, make_plan, max_vec
@@ -30,6 +31,11 @@ def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 def _align_offset(t: torch.Tensor | None) -> int:
     """Elements from t's start back to the previous 16-byte boundary."""
     return 0 if t is None else (t.data_ptr() % 16) // t.element_size()
+
+
+TILELANG_REPRO = ("The call goes through normdiff: TileLang's programs here are normdiff's own, built at the call "
+                  "from its plans (impls/tilelang: the planner and the program builders), which a standalone file "
+                  "would have to copy whole; tilelang itself is what they compile with.")
 
 
 class TileLangBackend:
@@ -59,6 +65,10 @@ class TileLangBackend:
             raise UnsupportedCase(why)
         if compiler.nvcc_path() is None:
             raise UnsupportedCase("nvcc not found (CUDA_HOME or PATH): TileLang cannot compile CUDA kernels here")
+
+    def repro_call(self):
+        """Through normdiff, their library (TILELANG_REPRO says why)."""
+        return through_normdiff(self, note=TILELANG_REPRO)
 
     def beyond_grid(self, spec) -> str | None:
         if spec.rows > MAX_ROWS:
