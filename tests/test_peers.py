@@ -89,7 +89,7 @@ def test_quick_cpu_share_samples_cases_by_seed_and_keeps_known_issues(monkeypatc
     kernel = registry.get("rms_norm", "torch_compile")
     plain = registry.get("rms_norm", "torch")
     cases = [c for c in catalogue("quick") if c.op == "rms_norm"]
-    quick, full = (HarnessState(kernels=[kernel], cases=cases, profile=p, selection={}) for p in ("quick", "full"))
+    quick, full = (HarnessState(runs={}, profile=p, selection={}) for p in ("quick", "full"))
     kept = [c for c in cases if quick.left_out(kernel, c) is None]
     assert kept == [c for c in cases if quick_cpu_kept(c, kernel.quick_cpu_every) or kernel.known_issue(c, "cpu")]
     det = properties.determinism_cases(cases, "quick")  # a seed sample of its own: not the same third

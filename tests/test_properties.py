@@ -114,7 +114,6 @@ def test_batch_invariance_cases_are_weighed_by_the_scheduler():
     from harness.running import scheduling
     from harness.running.state import HarnessState
 
-    state = HarnessState(kernels=[], cases=[], profile="full", selection={},
-                         batch_cases=properties.batch_cases("full"))
+    state = HarnessState(runs={}, profile="full", selection={}, batch_cases=properties.batch_cases("full"))
     big = max(state.batch_cases, key=scheduling.numel)
     assert big.id in state.case_index and scheduling.numel(big) >= scheduling.HEAVY_ELEMENTS

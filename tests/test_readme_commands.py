@@ -567,6 +567,18 @@ DOC_ONLY.update({  # docs/backends.md, *Your own plug-in*
     "pytest harness --backend-file examples/triton_rms_backend.py --backend mytriton --profile quick": InCI(
         "run by .ci/run itself, whole (with its own --report-dir)"),
 })
+DOC_ONLY.update({  # docs/repro.md: a failure's standalone repro
+    "python -m harness.repro 'harness/test_differential.py::test_against_oracle[rms_norm-bfloat16-3x1000-normal-"
+    "mytriton.rowwise]' --backend-file ~/mine/my_rms.py --report ~/mine/after/correctness.json --out repro.py": Elsewhere(
+        "tests/test_repro.py::test_the_first_hour_s_planted_bug_gives_a_repro_with_the_triton_kernel_inline",
+        "the first hour's planted bug, its repro written from the node id and run without the project"),
+    "python repro.py": Elsewhere("tests/test_repro.py::test_the_repro_prints_what_the_check_found",
+                                 "each repro run in a Python without the project, its lines and exit status read"),
+    "python -m harness.repro NODEID --shrink --out small.py": Elsewhere(
+        "tests/test_repro_shrink.py::test_the_command_writes_the_shrunk_repro", "a planted padded-N bug's node id"),
+    "python -m harness.repro --report RUN/correctness.json --all": Elsewhere(
+        "tests/test_repro_report.py::test_the_report_names_and_writes_each_failure_s_repro", "after a real run's report"),
+})
 DOC_ONLY.update({  # docs/interface.md, *Adding a backend* and *Adding a fused backend*
     "pytest harness --backend-file examples/outside_backend.py --backend mynorm": Elsewhere(
         "tests/test_outside_backends.py::test_backend_from_a_file_runs_like_a_builtin",

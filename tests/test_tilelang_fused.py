@@ -15,7 +15,8 @@ from impls import registry
 from impls.base import UnsupportedCase, cuda_present
 from impls.fused import FUSED_OPS, WRITES, FusedOutputs, FusedSpec
 from impls.tilelang import compiler
-from impls.tilelang.fused import (MAX_ROWS, ONE_READ_MAX_N, TileLangAddLayerNorm, TileLangAddRMSNorm,
+from impls.tilelang._kernel import MAX_ROWS
+from impls.tilelang.fused import (ONE_READ_MAX_N, TileLangAddLayerNorm, TileLangAddRMSNorm,
                                   TileLangLayerNormFused, TileLangRMSNormFused, stores_before_loads)
 
 ROOT = Path(__file__).resolve().parents[1]

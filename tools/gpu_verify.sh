@@ -87,6 +87,16 @@ resume_rest() {  # NAME: what a cut-short run left, run now where time is left, 
     > /dev/null && python -m harness.report --phases "$work/$name-merged/correctness.json"
 }
 
+findings() {  # docs/findings/*.py, each a standalone repro, run on this card with the time left
+  mkdir -p "$work/findings"
+  for f in docs/findings/*.py; do
+    local secs; secs=$(left 20)
+    (( secs < 15 )) && { echo "findings: $f and those after it not run: $secs s left"; break; }
+    timeout -k 5 "$(( secs < 60 ? secs : 60 ))" python "$f" > "$work/findings/$(basename "$f" .py).txt" 2>&1
+    echo "finding $(basename "$f" .py): exit $?" | tee -a "$work/findings/exits.txt"
+  done
+}
+
 archive() {  # the step's one archive in $OUT
   echo "$step: wall $((SECONDS - vstart)) s" | tee "$work/wall.txt"
   cp "$out"/nvidia-smi.txt "$out"/native.log "$work"/ 2> /dev/null
@@ -136,8 +146,9 @@ memory)
 peers)
   unpack .devdeps/peers-site.2.tar.xz
   site
-  pytest_step peers "$(left 40)" harness "${peers_sel[@]}"
+  pytest_step peers "$(left 100)" harness "${peers_sel[@]}"
   resume_rest peers
+  findings
   ;;
 bench)
   site
