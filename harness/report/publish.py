@@ -26,8 +26,8 @@ RECORD_KEYS = ("nodeid", "test", "kernel", "backend", "op", "dtype", "case", "ou
                "deterministic", "bit_diffs", "batch_invariant", "batch_sizes", "batch_changes", "batch_claim",
                # the GPU-memory section (harness/report/memory.py)
                "mem_estimate", "mem_peak", "mem_budget", "mem_wait_s", "mem_retained", "oom_events",
-               # the fused kernels' declarations (harness/report/fused.py)
-               "declaration")
+               # the fused kernels' declarations and coverage per write convention (harness/report/fused.py)
+               "declaration", "tags", "write", "family", "needs")
 PASSED_ERROR_KEYS = ("output", "worst_ratio", "max_ulp")
 # What a benchmark keeps: harness.report.benchmark_results.results reads these.
 BENCH_EXTRA_KEYS = ("op", "dtype", "m", "n", "regime", "repeat", "kernel", "bytes", "ceiling_gbps", "timing",
