@@ -46,6 +46,8 @@ def inputs_of(kernel: NormKernel, case: Case, device: str) -> Callable[[], Drawn
     once, on first call. None for the fused family, whose checks draw their own."""
     if is_fused(kernel):
         return None
+    if device == "cuda" and not torch.cuda.is_available():  # no card here to draw them on
+        return None
 
     @functools.cache
     def draw() -> Drawn:
