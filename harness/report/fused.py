@@ -47,13 +47,14 @@ def render_coverage(doc: dict, records: list[dict], table) -> list[str]:
     """Each fused kernel's coverage per write convention: checks run, skipped by its declarations
     (what it says it cannot do) or for want of its backend here, and the edge kinds (the
     catalogue rows' tags, and dtypes) it ran, lacked by declaration, or was never given."""
-    mine = [r for r in records if r.get("write") and r.get("case")]
+    # The oracle checks (their properties and drawn cases have sections of their own).
+    mine = [r for r in records if r.get("write") and r.get("case") and r.get("needs", "oracle") in ("oracle", "backward")]
     if not mine:
         return []
     unavailable = {name: b.get("unavailable") or "" for name, b in doc.get("backends", {}).items()}
     groups: dict[tuple, list[dict]] = {}
     for r in mine:
-        groups.setdefault((r["kernel"], r["op"], r["test"]), []).append(r)
+        groups.setdefault((r["kernel"], r["op"], r.get("needs", "oracle")), []).append(r)
     rows = []
     for (kernel, op, test), recs in sorted(groups.items()):
         kinds = {k for r in recs for k in (*r.get("tags", ()), f"dtype {r['dtype']}")}
@@ -62,7 +63,7 @@ def render_coverage(doc: dict, records: list[dict], table) -> list[str]:
             here = [r for r in recs if r["write"] == write]
             if write not in writes:
                 if op.startswith("add_"):  # the other ops write new outputs only (the interface's rule)
-                        rows.append([kernel, op, test.removeprefix("test_fused_"), write, "not declared", "", "", ""])
+                        rows.append([kernel, op, test, write, "not declared", "", "", ""])
                 continue
             ran = [r for r in here if _ran(r)]
             skipped = Counter(_skip_kind(r, unavailable) for r in here if r.get("outcome") == "skipped")
@@ -70,7 +71,7 @@ def render_coverage(doc: dict, records: list[dict], table) -> list[str]:
             declared = {k for r in here if r.get("outcome") == "skipped" and _skip_kind(r, unavailable) == "declared"
                         for k in (*r.get("tags", ()), f"dtype {r['dtype']}")} - covered
             given = {k for r in here for k in (*r.get("tags", ()), f"dtype {r['dtype']}")}
-            rows.append([kernel, op, test.removeprefix("test_fused_"), write, str(len(ran)),
+            rows.append([kernel, op, test, write, str(len(ran)),
                          ", ".join(f"{n} {k}" for k, n in sorted(skipped.items())) or "0",
                          f"{len(covered)} of {len(kinds)}" + (f"; declared not: {', '.join(sorted(declared))}" if declared else ""),
                          ", ".join(sorted(kinds - given)) or "none"])
