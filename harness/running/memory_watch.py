@@ -129,7 +129,7 @@ class MemoryWatch:
     def _subject(self, item):
         """(record, kernel, case, device) of a check of one kernel, else None."""
         rec = self.state.records.get(item.nodeid)
-        if not rec or "kernel" not in rec:
+        if not rec or "kernel" not in rec or "needs" not in rec:  # not a check: no estimate to admit it by
             return None
         kernel = self.state.kernel_index.get((rec["kernel"], rec["op"]))
         if kernel is None:
@@ -360,8 +360,8 @@ def deselect_below(state, items) -> None:
 
     def below(item) -> bool:
         rec = state.records.get(item.nodeid)
-        kernel = rec and kernels.get((rec["kernel"], rec["op"]))
-        if kernel is None:
+        kernel = rec and "needs" in rec and kernels.get((rec["kernel"], rec["op"]))
+        if not kernel:
             return True
         peers = [k for k in state.all_kernels if k.family == kernel.family and k.op == kernel.op and k is not kernel]
         return estimate.check_estimate(rec["needs"], cases.get(rec.get("case")), kernel, peers=peers).total < floor
