@@ -134,7 +134,7 @@ def backends(files=()) -> list[dict]:
     plugins.update(_load_named(files))
     rows = []
     for backend in registry.backends():
-        kernels = registry.kernels([backend])
+        kernels = registry.kernels([backend], family=None)  # every family's
         why = {k: k.unavailable() for k in kernels}
         runnable = [k for k in kernels if why[k] is None]
         row = {
@@ -164,7 +164,7 @@ def _load_named(files) -> dict[str, str]:
         path = Path(f).resolve()
         shown = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
         module = registry.plugin_module(path)
-        loads.update({k.backend: shown for k in registry.kernels() if type(k).__module__ == module})
+        loads.update({k.backend: shown for k in registry.kernels(family=None) if type(k).__module__ == module})
     return loads
 
 

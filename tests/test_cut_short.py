@@ -25,7 +25,8 @@ SELECTION = ["harness/test_differential.py", "harness/test_properties.py", "--ba
 
 def pytest_run(*args, env=None):
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:randomly", *args], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},  # not a worker
+                               "PYTHONPATH": str(ROOT), **(env or {})},
                           capture_output=True, text=True, timeout=600)
 
 

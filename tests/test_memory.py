@@ -315,7 +315,7 @@ def gpu_watch(tmp_path, fake, asked=None, budget=20 * GIB):
                              getoption=lambda name: asked if name == "gpu_memory" else None)
     records = {"t::a": {"test": "test_against_oracle", "needs": "oracle", "kernel": kernel.name, "op": "rms_norm",
                         "case": case.id}}
-    state = SimpleNamespace(records=records, kernels=[kernel], kernel_index={(kernel.name, "rms_norm"): kernel},
+    state = SimpleNamespace(records=records, all_kernels=[kernel], kernel_index={(kernel.name, "rms_norm"): kernel},
                             case_index={case.id: case}, device_for=lambda k: "cuda")
     return MemoryWatch(config, state), case, kernel
 

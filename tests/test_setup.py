@@ -50,8 +50,10 @@ def test_a_missing_aten_operator_skips_the_kernel_with_that_reason(monkeypatch):
     registry.load_all()
     kernel = registry.get("rms_norm", "torch", "eager")
     assert kernel.requires_torch_ops == ("_fused_rms_norm",)
-    real = base.torch_has_op
-    monkeypatch.setattr(base, "torch_has_op", lambda name: name != "_fused_rms_norm" and real(name))
+    from impls import contract
+
+    real = contract.torch_has_op
+    monkeypatch.setattr(contract, "torch_has_op", lambda name: name != "_fused_rms_norm" and real(name))
     why = kernel.unavailable()
     assert why.startswith(f"torch {torch.__version__} lacks aten._fused_rms_norm") and "newer torch" in why
     case = next(c for c in catalogue("quick") if c.op == "rms_norm")

@@ -92,8 +92,10 @@ findings() {  # docs/findings/*.py, each a standalone repro, run on this card wi
   for f in docs/findings/*.py; do
     local secs; secs=$(left 20)
     (( secs < 15 )) && { echo "findings: $f and those after it not run: $secs s left"; break; }
-    timeout -k 5 "$(( secs < 60 ? secs : 60 ))" python "$f" > "$work/findings/$(basename "$f" .py).txt" 2>&1
-    echo "finding $(basename "$f" .py): exit $?" | tee -a "$work/findings/exits.txt"
+    local name rc; name=$(basename "$f" .py)
+    timeout -k 5 "$(( secs < 60 ? secs : 60 ))" python "$f" > "$work/findings/$name.txt" 2>&1
+    rc=$?  # 0: within the allowance; 1: the defect shows; 2: its library is not here; 124: out of time
+    echo "finding $name: exit $rc" | tee -a "$work/findings/exits.txt"
   done
 }
 

@@ -26,7 +26,8 @@ RECORD_KEYS = ("nodeid", "test", "kernel", "backend", "op", "dtype", "case", "ou
                "deterministic", "bit_diffs", "batch_invariant", "batch_sizes", "batch_changes", "batch_claim",
                # the GPU-memory section (harness/report/memory.py)
                "mem_estimate", "mem_peak", "mem_budget", "mem_wait_s", "mem_retained", "oom_events",
-               # the fused kernels' declarations and coverage per write convention (harness/report/fused.py)
+               # the fused kernels' declarations and coverage per write convention (harness/report/fused.py;
+               # tags only where a record has a write convention)
                "declaration", "tags", "write", "family", "needs")
 PASSED_ERROR_KEYS = ("output", "worst_ratio", "max_ulp")
 # What a benchmark keeps: harness.report.benchmark_results.results reads these.
@@ -44,6 +45,8 @@ def slim_correctness(doc: dict) -> dict:
     records = []
     for r in doc["records"]:
         rec = {k: r[k] for k in RECORD_KEYS if k in r}
+        if "write" not in rec:  # a case's tags are read only by the fused coverage section
+            rec.pop("tags", None)
         if rec.get("outcome") == "passed" and rec.get("errors"):
             rec["errors"] = [{k: e[k] for k in PASSED_ERROR_KEYS if k in e} for e in rec["errors"]]
         records.append(rec)
