@@ -578,6 +578,8 @@ DOC_ONLY.update({  # docs/repro.md: a failure's standalone repro
         "tests/test_repro_shrink.py::test_the_command_writes_the_shrunk_repro", "a planted padded-N bug's node id"),
     "python -m harness.repro --report RUN/correctness.json --all": Elsewhere(
         "tests/test_repro_report.py::test_the_report_names_and_writes_each_failure_s_repro", "after a real run's report"),
+    "python -m harness.report RUN/correctness.json --repros": Elsewhere(
+        "tests/test_repro_report.py::test_the_report_names_and_writes_each_failure_s_repro", "after a real run's report"),
 })
 DOC_ONLY.update({  # docs/interface.md, *Adding a backend* and *Adding a fused backend*
     "pytest harness --backend-file examples/outside_backend.py --backend mynorm": Elsewhere(

@@ -1,6 +1,7 @@
 """Reports point to repros: a run of the planted kernels (tests/plugins/repro_planted.py) names each
 failure's standalone repro command, in its failure groups and under each failure, and
-``python -m harness.repro --report RUN/correctness.json --all`` writes them into the run's folder,
+``python -m harness.report RUN/correctness.json --repros`` (``python -m harness.repro --report
+RUN/correctness.json --all``) writes them into the run's folder,
 each printing the report's worst error and "x allowed" to 3 significant figures."""
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def test_the_report_names_and_writes_each_failure_s_repro(tmp_path):
     for r in failed:
         assert f"python -m harness.repro '{r['nodeid']}' --backend-file {PLUGIN}" in md
     assert all(g.get("repro") for g in doc["failure_groups"])
-    subprocess.run([sys.executable, "-m", "harness.repro", "--report", str(run / "correctness.json"), "--all"],
+    # harness.report writes them as harness.repro does
+    subprocess.run([sys.executable, "-m", "harness.report", str(run / "correctness.json"), "--repros"],
                    cwd=ROOT, check=True, capture_output=True, timeout=300)
     files = sorted((run / "repros").glob("*.py"))
     assert len(files) == 2 and "padded" in (run / "repros" / "README.md").read_text()

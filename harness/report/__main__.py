@@ -7,8 +7,11 @@ side by side, or compare two runs:
                                         # exits 1 when a check that passed in A fails or errs in B
     python -m harness.report --publish reports/runs/A reports/h200    # the committed, slimmed form
     python -m harness.report --phases reports/latest/correctness.json  # where the run's time went
+    python -m harness.report --repros reports/latest/correctness.json  # each failure's standalone repro, beside it
 """
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 from harness.report import atomic_write, load_report, merge_documents, render_markdown, write_report
@@ -26,6 +29,9 @@ def main(argv=None) -> int:
                              "(harness/report/publish.py)")
     parser.add_argument("--phases", action="store_true",
                         help="print where each report's run spent its time (harness/report/phases.py)")
+    parser.add_argument("--repros", action="store_true",
+                        help="write each failure's standalone repro into the report's folder (repros/, with an "
+                             "index), as python -m harness.repro --report JSON --all does")
     parser.add_argument("-o", "--output", type=Path, help="markdown path for one JSON (default: beside it, .md)")
     parser.add_argument("--out", type=Path, help="directory for the merged correctness.md and .json")
     args = parser.parse_args(argv)
@@ -45,6 +51,9 @@ def main(argv=None) -> int:
         return 0
     if not args.json:
         parser.error("give a correctness.json, several to merge, or --compare A B")
+    if args.repros:  # harness.repro comes after this package: its command, not its modules
+        return max(subprocess.call([sys.executable, "-m", "harness.repro", "--report", str(p), "--all"])
+                   for p in args.json)
     docs = [load_report(p) for p in args.json]
     if args.phases:
         from harness.report.phases import text
