@@ -25,37 +25,41 @@ def _runnable(case, kernel, backward: bool = False) -> str:
     return device
 
 
-def _quick(request) -> bool:
-    return request.config.stash[STATE].profile == "quick"
+def _determinism(request, pair, backward: bool) -> None:
+    case, kernel = pair
+    measure = fused_properties.backward_determinism if backward else fused_properties.determinism
+    declared = kernel.backward_nondeterministic if backward else kernel.nondeterministic
+    properties.check_determinism(functools.partial(record, request.node), kernel, case,
+                                 _runnable(case, kernel, backward), measure, declared, " backward" if backward else "")
+
+
+def _batch(request, pair, backward: bool) -> None:
+    """Backward: dx and dresidual of sample rows in batches of other sizes (dw and db are sums over
+    the batch)."""
+    case, kernel = pair
+    measure = fused_properties.backward_batch_invariance if backward else fused_properties.batch_invariance
+    claim = kernel.backward_batch_invariant if backward else kernel.batch_invariant
+    twin = "test_fused_backward_deterministic" if backward else "test_fused_deterministic"
+    properties.check_batch(functools.partial(record, request.node), kernel, case, _runnable(case, kernel, backward),
+                           measure, request.config.stash[STATE].profile == "quick", claim, twin,
+                           "dx " if backward else "")
 
 
 @pytest.mark.needs("determinism")
 def test_fused_deterministic(fused_determinism_case, request):
-    case, kernel = fused_determinism_case
-    properties.check_determinism(functools.partial(record, request.node), kernel, case, _runnable(case, kernel),
-                                 fused_properties.determinism, kernel.nondeterministic)
+    _determinism(request, fused_determinism_case, False)
 
 
 @pytest.mark.needs("backward_determinism")
 def test_fused_backward_deterministic(fused_backward_determinism_case, request):
-    case, kernel = fused_backward_determinism_case
-    properties.check_determinism(functools.partial(record, request.node), kernel, case,
-                                 _runnable(case, kernel, backward=True), fused_properties.backward_determinism,
-                                 kernel.backward_nondeterministic, " backward")
+    _determinism(request, fused_backward_determinism_case, True)
 
 
 @pytest.mark.needs("batch")
 def test_fused_batch_invariant(fused_batch_case, request):
-    case, kernel = fused_batch_case
-    properties.check_batch(functools.partial(record, request.node), kernel, case, _runnable(case, kernel),
-                           fused_properties.batch_invariance, _quick(request), kernel.batch_invariant,
-                           "test_fused_deterministic")
+    _batch(request, fused_batch_case, False)
 
 
 @pytest.mark.needs("backward_batch")
 def test_fused_backward_batch_invariant(fused_backward_batch_case, request):
-    """dx and dresidual of sample rows in batches of other sizes (dw and db are sums over the batch)."""
-    case, kernel = fused_backward_batch_case
-    properties.check_batch(functools.partial(record, request.node), kernel, case,
-                           _runnable(case, kernel, backward=True), fused_properties.backward_batch_invariance,
-                           _quick(request), kernel.backward_batch_invariant, "test_fused_backward_deterministic", "dx ")
+    _batch(request, fused_backward_batch_case, True)

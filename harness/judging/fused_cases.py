@@ -15,7 +15,7 @@ import torch
 
 from harness.judging import case_ids
 from harness.judging.cases import (AFFINE_ID, AFFINE_PART, ALL, BF16, BOTH, DTYPES, DY_PART, EPS_PART, F32, F32_BF16,
-                                   FULL, QUICK, STRIDE_PART, Case, catalogue, grid)
+                                   FULL, QUICK, STRIDE_PART, Case, Rows, catalogue, grid)
 from harness.judging.runner import device_for
 from impls.fused import ADD_OPS, BASE_OP, WRITES, FusedSpec
 
@@ -88,19 +88,11 @@ FusedCase.ID_PARTS = (
 
 
 @dataclass(frozen=True)
-class FusedRows:
-    """Cases of one line of a table: every shape x dtype x op, with these fields and tags."""
+class FusedRows(Rows):
+    """A line of the fused tables: a plain row's fields, the add ops by default, and the fused call's
+    choices."""
 
-    profiles: tuple[str, ...]
-    tags: str | tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[str, ...]
     ops: tuple[str, ...] = ADD
-    dist: str = "normal"
-    eps: float | None = None
-    affine: str = "weight_bias"
-    row_pad: int = 0
-    dy_dist: str | None = None
     residual_dtype: str | None = None
     adjacent: bool = False
     weight_offset: float = 0.0
