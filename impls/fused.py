@@ -249,7 +249,9 @@ class FusedNormKernel(KernelContract):
         if not self.has_backward:
             raise UnsupportedCase(f"{self.name} has no backward")
         eps = DEFAULT_EPS[self.op] if eps is None else eps
-        params = FusedParams(weight_offset=weight_offset)
+        # The backward writes only its gradients: any convention the kernel declares describes it.
+        write = "new" if "new" in self.writes or self.op not in ADD_OPS else self.writes[0]
+        params = FusedParams(weight_offset=weight_offset, write=write)
         validate_fused(self.op, x, residual, weight, bias, eps, params)
         for label, g, like in (("dy", dy, x), ("d_residual_out", d_residual_out, saved.residual_out)):
             if g is None:

@@ -158,3 +158,24 @@ def test_a_write_into_x_is_found_and_the_next_kernel_gets_fresh_inputs():
     case, cache = fused_case_from_id("add_rms_norm-bfloat16-17x1000-normal"), FusedOracleCache()
     assert [f.kind for f in check_fused(WritesX(), case, cache).findings] == ["input modified"]
     assert check_fused(TorchAddRMSNorm(), case, cache).ok
+
+
+class InPlaceOnly(TorchAddRMSNorm):
+    """The eager composition declaring one convention, in place, as FlashInfer's and vLLM's fused add."""
+    variant = "in_place_only"
+    writes = ("in_place",)
+
+
+def test_an_in_place_only_kernel_gets_every_edge_kind_forward_and_backward():
+    from harness.judging.fused_runner import check_fused_backward
+
+    mine, full = InPlaceOnly(), TorchAddRMSNorm()
+    for catalogue, backward in ((fused_catalogue("quick"), False), (fused_backward_catalogue("quick"), True)):
+        cases = [c for c in with_writes(catalogue, mine, "cpu", backward) if c.out_dtype is None]  # fp8: never in place
+        assert cases and {c.write for c in cases} == {"in_place"}
+        kinds = {k for c in cases if c.out_dtype is None for k in (*c.tags, c.dtype)}
+        given = {k for c in with_writes(catalogue, full, "cpu", backward) if c.out_dtype is None for k in (*c.tags, c.dtype)}
+        assert kinds == given, given - kinds  # fp8 aside (never in place), what a new-output kernel sees
+    for case in with_writes(fused_backward_catalogue("quick"), mine, "cpu", backward=True):
+        result = check_fused_backward(mine, case)
+        assert result.ok and not result.skipped, (case.id, result.skipped or result.failure_message())
