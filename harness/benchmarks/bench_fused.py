@@ -70,7 +70,7 @@ from harness.benchmarks.fused_shapes import (  # noqa: F401
     BASELINE, FP8_SCALE, FULL_BANDWIDTH_N,
     FULL_OPTION_N, HEADLINE_DECODE_M, HEADLINE_FP8, HEADLINE_N, HEADLINE_WRITES, MARK,
     QUICK_DECODE_SHAPE, QUICK_SHAPE, SCREEN_REL_L2, STATS_REL_L2, WRITE_WORDS, FusedShape,
-    baseline_of, fused_bytes, items, phase, selected_kernels, sweep, torch_dtype)
+    baseline_of, fused_bytes, items, phase, sweep, torch_dtype)
 
 def fused_spec(k: FusedNormKernel, s: FusedShape) -> tuple[FusedSpec, str]:
     """The benchmark's problem (weight, and bias for LayerNorm) and its device; skips with the
@@ -276,4 +276,4 @@ def is_fused_shape(shape) -> bool:
 
 
 __all__ = ["BASELINE", "FP8_SCALE", "FusedShape", "MARK", "fused_bytes", "items", "phase", "run_fused",
-           "selected_kernels", "sweep"]
+           "sweep"]

@@ -9,7 +9,6 @@ import torch
 from harness.benchmarks.bench_sweep import BenchItem, BenchShape
 from harness.judging.cases import DTYPES
 from harness.judging.shapes import DECODE_M, DECODE_N, QUICK_BANDWIDTH, QUICK_DECODE, bandwidth_rows
-from harness.running import run
 from impls import registry
 from impls.fused import ADD_OPS, FusedNormKernel, FusedParams
 
@@ -171,13 +170,6 @@ def sweep(profile: str, ops, dtypes, repeat: int = 1, bench_set: str = "full") -
 
 
 # -- what the run selects ------------------------------------------------------------------------
-def selected_kernels(config) -> list[FusedNormKernel]:
-    """The run's fused kernels: those of the selected backends and ops (harness.plugin: --op
-    rms_norm and layer_norm select their fused forms too, add_rms_norm and add_layer_norm the add
-    ops)."""
-    return list(config.stash[run.STATE].fused_kernels)
-
-
 def baseline_of(config) -> str:
     """The fused groups' baseline: --bench-baseline where it names a fused kernel, else BASELINE
     (the default, torch.eager, is a plain kernel)."""
