@@ -46,7 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")))
 COMMAND_LANGS = ("sh", "yaml")
 OTHER_BLOCKS = {  # (page, language, first word of the block): why it is no command
-    ("README.md", "", "impls/"): "the Layout section's directory tree",
     ("docs/layout.md", "", "impls/"): "the directory tree",
 }
 # Pages whose ```python blocks are programs a user runs: test_python_snippet runs each as written,
