@@ -86,6 +86,10 @@ class KernelContract:
     # launched as thread-block clusters (or cooperatively) says why not: cuLaunchKernel carries
     # no launch attributes, and a cluster kernel replayed without its cluster shape faults.
     native_replay: ClassVar[str | None] = None  # None: may be replayed; else the reason it may not
+    # Whether the kernel can launch with programmatic dependent launch (impls.pdl): it then waits
+    # (griddepcontrol.wait) before reading its inputs, and does launch with it where
+    # ``impls.pdl.enabled(device)``. The benchmarks time such a kernel with PDL on and off.
+    pdl: ClassVar[bool] = False
     # Python distributions whose versions a report states for this kernel (e.g. "triton").
     packages: ClassVar[tuple[str, ...]] = ()
     # Why two calls on identical inputs may give different bits (atomics, a reduction order
@@ -119,6 +123,11 @@ class KernelContract:
         return f"<{self.op} kernel {self.name}>"
 
     # -- capability -------------------------------------------------------------------------
+    def launches_pdl(self, device) -> bool:
+        """Whether a call on ``device`` launches with PDL now (impls.pdl)."""
+        from impls import pdl
+        return pdl.launches_pdl(self, device)
+
     def availability(self) -> str | None:
         """None when the backend can run in this process, else why not (shown as a skip)."""
         return None
