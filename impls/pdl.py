@@ -65,10 +65,10 @@ def unavailable(device) -> str | None:
     device = torch.device(device) if not isinstance(device, torch.device) else device
     if device.type != "cuda":
         return f"PDL is a CUDA launch attribute; this is a {device.type} device"
-    if _interpreted():
-        return "Triton's interpreter runs programs one at a time and cannot run griddepcontrol"
     if not torch.cuda.is_available():
         return "no CUDA device here"
+    if _interpreted():
+        return "Triton's interpreter runs programs one at a time and cannot run griddepcontrol"
     cap = torch.cuda.get_device_capability(device)
     if cap < MIN_CAPABILITY:
         return f"compute capability {cap[0]}.{cap[1]}: PDL needs {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or more"

@@ -5,7 +5,8 @@ _kernels, only once triton is known to load (impls.triton.fused).
 A program owns ROWS rows ([ROWS, BLOCK_N] tiles, 64-bit row offsets). All arithmetic is float32:
 s = x + residual, residual_out = s in its own dtype, the statistics on the float32 s (padded lanes
 hold 0 and are kept out of the sums), y = s^ * (w + offset) (+ b), then y in x's dtype, or
-y / scale clamped to the fp8 format's maximum and cast.
+y / scale (as y times the reciprocal taken once) clamped to the fp8 format's maximum and cast.
+At the decode setting a launch may use PDL (impls.pdl), and the weight is loaded with x.
 
 - fused_norm_rowwise: the row in one tile: loaded once, everything written after the loads.
 - fused_norm_looped: the row in chunks (N a constant, as the plain looped kernels). Pass 1 only
@@ -23,7 +24,7 @@ residual_out's gradient, stored as dx and dresidual in their own dtypes.
 import triton
 import triton.language as tl
 
-from impls.triton._row_kernels import _store_y
+from impls.triton._row_kernels import _dependent_launch, _store_y
 
 
 @triton.jit
@@ -42,12 +43,21 @@ def _fp8_round_interpreted(y, MBITS: tl.constexpr, EMIN: tl.constexpr):
 
 @triton.jit
 def _store_out(Y, offsets, y, mask, scale, fp8_max, FP8: tl.constexpr, ROUND_BF16: tl.constexpr,
-               FP8_FIX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+               FP8_FIX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, FP8_RECIP: tl.constexpr):
     """Store float32 y as the op's output: in Y's dtype, or for an fp8 Y divided by the scale and
     clamped to +-fp8_max first (a cast past the maximum gives NaN or inf). The clamp is tl.where,
-    not tl.minimum/maximum, which on the GPU may drop a NaN: NaN stays NaN."""
+    not tl.minimum/maximum, which on the GPU may drop a NaN: NaN stays NaN.
+
+    FP8_RECIP: ``scale`` holds 1 / scale (float32, taken once on the host) and y is multiplied by
+    it: one multiply an element where a correctly rounded division is a sequence of them. It
+    differs from y / scale by at most an ulp of float32, far inside the fp8 rule's band at a
+    rounding midpoint. Otherwise y / scale correctly rounded (tl.div_rn: a plain / is
+    approximate on the GPU)."""
     if FP8:
-        y = tl.div_rn(y, scale)  # correctly rounded, as torch's y / scale (a plain / is approximate on the GPU)
+        if FP8_RECIP:
+            y = y * scale
+        else:
+            y = tl.div_rn(y, scale)
         y = tl.where(y > fp8_max, fp8_max, tl.where(y < -fp8_max, -fp8_max, y))
         if FP8_FIX:  # under the interpreter: round by hand, then put back NaN and a zero's sign
             q = _fp8_round_interpreted(y, MBITS, EMIN).to(Y.dtype.element_ty)
@@ -70,13 +80,31 @@ def _load_sum(X, R, xoff, roff, cols, mask, HAS_RES: tl.constexpr):
 
 
 @triton.jit
-def _affine(y, W, B, cols, cmask, w_offset, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+def _load_wb(W, B, cols, cmask, w_offset, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The effective weight (w + offset) and the bias of a tile's columns, float32 (1.0 and 0.0
+    where absent: never applied)."""
+    w = 1.0
+    b = 0.0
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + w_offset
+    if HAS_BIAS:
+        b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+    return w, b
+
+
+@triton.jit
+def _apply_wb(y, w, b, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    if HAS_WEIGHT:
         y = y * w[None, :]
     if HAS_BIAS:
-        y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        y = y + b[None, :]
     return y
+
+
+@triton.jit
+def _affine(y, W, B, cols, cmask, w_offset, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    w, b = _load_wb(W, B, cols, cmask, w_offset, HAS_WEIGHT, HAS_BIAS)
+    return _apply_wb(y, w, b, HAS_WEIGHT, HAS_BIAS)
 
 
 @triton.jit
@@ -92,11 +120,18 @@ def fused_norm_rowwise(
     IS_LN: tl.constexpr, HAS_RES: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     FP8: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_Y: tl.constexpr, ROUND_R: tl.constexpr,
     FP8_FIX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, STATS_ONLY: tl.constexpr,
+    FP8_RECIP: tl.constexpr = True, W_FIRST: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    _dependent_launch(PDL)
     rows, rmask, xoff, roff, yoff, rooff = _offsets(M, stride_x, stride_r, stride_y, stride_ro, ROWS)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
+    # W_FIRST (the decode setting: few rows, latency the cost): the weight and bias loads are
+    # issued with x's, so their round trips overlap; with many rows they would only hold
+    # registers through the reductions.
+    if W_FIRST and not STATS_ONLY:
+        w, b = _load_wb(W, B, cols, cmask, w_offset, HAS_WEIGHT, HAS_BIAS)
     s = _load_sum(X, R, xoff, roff, cols, mask, HAS_RES)  # every load before any store (in place)
     if HAS_RES:
         _store_y(RO, rooff[:, None] + cols[None, :], s, mask, ROUND_R)
@@ -112,8 +147,11 @@ def fused_norm_rowwise(
         tl.store(MEAN + rows, mean + c, mask=rmask)
     rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
     if not STATS_ONLY:
-        y = _affine(s * rstd[:, None], W, B, cols, cmask, w_offset, HAS_WEIGHT, HAS_BIAS)
-        _store_out(Y, yoff[:, None] + cols[None, :], y, mask, scale, fp8_max, FP8, ROUND_Y, FP8_FIX, MBITS, EMIN)
+        if not W_FIRST:
+            w, b = _load_wb(W, B, cols, cmask, w_offset, HAS_WEIGHT, HAS_BIAS)
+        y = _apply_wb(s * rstd[:, None], w, b, HAS_WEIGHT, HAS_BIAS)
+        _store_out(Y, yoff[:, None] + cols[None, :], y, mask, scale, fp8_max, FP8, ROUND_Y, FP8_FIX, MBITS, EMIN,
+                   FP8_RECIP)
     tl.store(RSTD + rows, rstd, mask=rmask)
 
 
@@ -124,7 +162,9 @@ def fused_norm_looped(
     IS_LN: tl.constexpr, HAS_RES: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     FP8: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_Y: tl.constexpr, ROUND_R: tl.constexpr,
     FP8_FIX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, STATS_ONLY: tl.constexpr,
+    FP8_RECIP: tl.constexpr = True, W_FIRST: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    _dependent_launch(PDL)
     rows, rmask, xoff, roff, yoff, rooff = _offsets(M, stride_x, stride_r, stride_y, stride_ro, ROWS)
     chunks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     first: tl.constexpr = N if N < BLOCK_N else BLOCK_N  # columns of the first chunk
@@ -172,7 +212,8 @@ def fused_norm_looped(
             if IS_LN:
                 s = (s - k[:, None]) - mean_s[:, None]
             y = _affine(s * rstd[:, None], W, B, cols, cmask, w_offset, HAS_WEIGHT, HAS_BIAS)
-            _store_out(Y, yoff[:, None] + cols[None, :], y, mask, scale, fp8_max, FP8, ROUND_Y, FP8_FIX, MBITS, EMIN)
+            _store_out(Y, yoff[:, None] + cols[None, :], y, mask, scale, fp8_max, FP8, ROUND_Y, FP8_FIX, MBITS,
+                       EMIN, FP8_RECIP)
     tl.store(RSTD + rows, rstd, mask=rmask)
 
 

@@ -15,6 +15,7 @@ RMSNorm did not, and keeps N a runtime value.
 """
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -30,6 +31,16 @@ def _store_y(Y, offsets, y, mask, ROUND_BF16: tl.constexpr):
 
 
 @triton.jit
+def _dependent_launch(PDL: tl.constexpr):
+    """Launched with PDL (impls.pdl), the program may start while the kernel before it still
+    runs: wait until that kernel's writes are visible before any load, then let the kernel after
+    this one start early. Under the interpreter PDL is always off (it cannot run griddepcontrol)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
 def _row_offsets(pid, M, stride_x, stride_y, ROWS: tl.constexpr):
     rows = pid * ROWS + tl.arange(0, ROWS)
     rows64 = rows.to(tl.int64)  # before the multiply: M * stride may pass 2**31
@@ -41,8 +52,9 @@ def _row_offsets(pid, M, stride_x, stride_y, ROWS: tl.constexpr):
 def rms_norm_rowwise(
     X, W, Y, RSTD, M, N, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, W_FIRST: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
+    ROUND_BF16: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    _dependent_launch(PDL)
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -67,10 +79,12 @@ def rms_norm_rowwise(
 def rms_norm_row(
     X, W, Y, RSTD, M, N, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, W_FIRST: tl.constexpr, ROUND_BF16: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """rms_norm_rowwise at one row per program (the grid is M): 1-D, the row's offset a scalar and
     no row mask, the same arithmetic. The launcher runs it at decode sizes and where its register
     count gives more blocks per SM than the tile's (docs/perf-notes.md, items 26 and 31)."""
+    _dependent_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -128,8 +142,9 @@ def rms_norm_looped(
 def layer_norm_rowwise(
     X, W, B, Y, MEAN, RSTD, M, N: tl.constexpr, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    W_FIRST: tl.constexpr, ROUND_BF16: tl.constexpr,
+    W_FIRST: tl.constexpr, ROUND_BF16: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    _dependent_launch(PDL)
     rows, rmask, xoff, yoff = _row_offsets(tl.program_id(0), M, stride_x, stride_y, ROWS)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -164,9 +179,10 @@ def layer_norm_rowwise(
 def layer_norm_row(
     X, W, B, Y, MEAN, RSTD, M, N: tl.constexpr, stride_x, stride_y, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, W_FIRST: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
+    ROUND_BF16: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """layer_norm_rowwise at one row per program (see rms_norm_row)."""
+    _dependent_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N

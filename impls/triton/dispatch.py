@@ -69,6 +69,7 @@ def _variant(op: str, variant: str) -> TritonKernel:
 class _Auto(_Dispatch):
     variant = "auto"
     batch_invariant = False
+    pdl = True  # at decode sizes it runs rowwise's decode setting, which launches with PDL
 
 
 class _Invariant(_Dispatch):

@@ -26,7 +26,8 @@ from impls.gpu_limits import cdiv, next_pow2
 from impls.registry import register
 from impls.repro_calls import through_normdiff
 from impls.triton import _launch
-from impls.triton.settings import REDUCE_WARPS, LaunchConfig, backward_config, launch_config
+from impls.triton.settings import (DECODE_MAX_ROWS, DECODE_MIN_BLOCK, REDUCE_WARPS, LaunchConfig, backward_config,
+                                   launch_config)
 
 # Rows whose padded width is at most this run in one tile; longer ones in chunks of at most this.
 ONE_TILE_MAX = 8192
@@ -58,8 +59,13 @@ class _TritonFused(FusedNormKernel):
     scale_convention = "divide"
     fp8_nan = "nan"
     source = "impls/triton/_fused_kernels.py"
-    # The setting depends on N and dtype only; each row is reduced on its own.
-    batch_invariant = True
+    # Few rows take the decode setting (one row a program, other warps: another reduction order),
+    # so a row's bits may change where M crosses DECODE_MAX_ROWS (m_thresholds).
+    batch_invariant = False
+    # The decode setting launches with programmatic dependent launch where it runs (impls.pdl).
+    pdl = True
+    # fp8 output: y times the reciprocal of the scale, taken once on the host (_store_out).
+    fp8_recip = True
     backward_batch_invariant = True  # dx per row (dw and db: the plain backward's fixed grouping)
 
     def availability(self) -> str | None:
@@ -73,21 +79,32 @@ class _TritonFused(FusedNormKernel):
             return "triton runs under its interpreter on this machine: not a timing"
         return None
 
-    def config(self, n: int, dtype: torch.dtype) -> LaunchConfig:
-        """One tile (block_n = N padded) up to ONE_TILE_MAX, else chunks of at most ONE_TILE_MAX."""
+    def config(self, n: int, dtype: torch.dtype, m: int | None = None) -> LaunchConfig:
+        """One tile (block_n = N padded) up to ONE_TILE_MAX, else chunks of at most ONE_TILE_MAX;
+        the plain kernels' setting for the base op, N, dtype and M: for at most DECODE_MAX_ROWS
+        rows of one tile their decode rule (one row a program, the weight loaded with x)."""
         looped = next_pow2(n) > ONE_TILE_MAX
-        cfg = launch_config(n, dtype, looped, BASE_OP[self.op])
-        return LaunchConfig(block_n=min(cfg.block_n, ONE_TILE_MAX), rows=cfg.rows, num_warps=cfg.num_warps)
+        cfg = launch_config(n, dtype, looped, BASE_OP[self.op], m)
+        return LaunchConfig(block_n=min(cfg.block_n, ONE_TILE_MAX), rows=cfg.rows, num_warps=cfg.num_warps,
+                            w_first=cfg.w_first and not looped)
+
+    def m_thresholds(self, spec) -> tuple[int, ...]:
+        one_tile = next_pow2(spec.n) <= ONE_TILE_MAX
+        return (DECODE_MAX_ROWS,) if one_tile and next_pow2(spec.n) >= DECODE_MIN_BLOCK else ()
+
+    def pdl_on(self, device, cfg: LaunchConfig) -> bool:
+        """Whether a launch with setting ``cfg`` uses PDL: the decode setting, where it runs."""
+        return cfg.w_first and self.launches_pdl(device)
 
     def compile_key(self, spec, cfg: LaunchConfig | None = None):
         if _launch.state().interpreted or spec.device != "cuda":
             return None  # the interpreter compiles nothing
         # The JIT specialises on every pointer's dtype, the constexprs (N too, for chunked rows)
         # and integers equal to one or divisible by 16 (the row count, the strides).
+        cfg = cfg or self.config(spec.n, spec.dtype, spec.rows)
         return (self.variant, self.op, spec.dtype, getattr(spec, "residual_dtype", None),
-                getattr(spec, "out_dtype", None), getattr(spec, "write", "new"), spec.n,
-                cfg or self.config(spec.n, spec.dtype), spec.has_weight, spec.has_bias, spec.rows == 1,
-                spec.row_stride % 16 == 0)
+                getattr(spec, "out_dtype", None), getattr(spec, "write", "new"), spec.n, cfg, spec.has_weight,
+                spec.has_bias, spec.rows == 1, spec.row_stride % 16 == 0, self.pdl_on(spec.device, cfg))
 
     # -- forward ------------------------------------------------------------------------------
     def _forward(self, x, residual, weight, bias, eps: float, params: FusedParams, out: FusedOutputs,
@@ -98,7 +115,7 @@ class _TritonFused(FusedNormKernel):
                 cfg: LaunchConfig | None = None, stats_only: bool = False) -> None:
         """One launch over x's rows; stats_only: mean and rstd alone (y and residual_out unused)."""
         m, n = x.shape
-        cfg = cfg or self.config(n, x.dtype)
+        cfg = cfg or self.config(n, x.dtype, None if stats_only else m)
         interp = _launch.state().interpreted
         fp8 = params.out_dtype in FP8_DTYPES
         mbits, emin = FP8_FORMAT.get(params.out_dtype, (0, 0))
@@ -112,13 +129,20 @@ class _TritonFused(FusedNormKernel):
                       HAS_BIAS=bias is not None, FP8=fp8, ROWS=cfg.rows, BLOCK_N=cfg.block_n,
                       ROUND_Y=interp and y.dtype == torch.bfloat16,
                       ROUND_R=interp and has_res and ro.dtype == torch.bfloat16,
-                      FP8_FIX=interp and fp8, MBITS=mbits, EMIN=emin, STATS_ONLY=stats_only)
+                      FP8_FIX=interp and fp8, MBITS=mbits, EMIN=emin, STATS_ONLY=stats_only,
+                      FP8_RECIP=self.fp8_recip, W_FIRST=cfg.w_first)
         if not interp:
             kwargs["num_warps"] = cfg.num_warps
+        if not stats_only and self.pdl_on(x.device, cfg):
+            kwargs.update(PDL=True, launch_pdl=True)
+        scale = float(params.scale or 1.0)
+        if fp8 and self.fp8_recip:
+            # The reciprocal in float32, as the kernel multiplies by it.
+            scale = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(scale, dtype=torch.float32))
         fn = _kernels().fused_norm_looped if cfg.block_n < n else _kernels().fused_norm_rowwise
         args = (x, r, weight if weight is not None else x, bias if bias is not None else x, y, ro, mean, rstd,
                 m, n, x.stride(0), r.stride(0), y.stride(0), ro.stride(0), eps, float(params.weight_offset),
-                float(params.scale or 1.0), fp8_max(params.out_dtype) if fp8 else 1.0)
+                scale, fp8_max(params.out_dtype) if fp8 else 1.0)
         _run(fn, x, (cdiv(m, cfg.rows),), args, kwargs)
 
     # -- backward -----------------------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""The dependent-launch check: a kernel that launches with programmatic dependent launch (PDL,
+impls.pdl) reads what the kernel before it wrote.
+
+Launched with PDL, a norm may start while the kernel before it on the stream still runs; only its
+own ``griddepcontrol.wait`` keeps it from reading x and the residual before that kernel's writes
+land. A kernel that drops the wait is fast and wrong, and wrong only when something runs before
+it, so no other check sees it. This one builds what a model's decode step is: a CUDA graph in
+which a producer kernel writes x (and the residual) and the norm follows it. The producer lets
+its dependents start at once (``gdc_launch_dependents``) and then spins for tens of microseconds
+before it writes, so a norm that does not wait reads the poison its buffers held before. The
+norm's outputs from the graph must equal, bit for bit, its outputs from a plain call on the
+same inputs (a kernel that may give other bits on a repeat is not judged here: it says so).
+
+On the CPU (and wherever PDL cannot run) the check is skipped with the reason; its CPU twin is
+``wait_before_loads``: the kernel's decode launch compiled for sm_90 offline, whose PTX must hold
+``griddepcontrol.wait`` before its first global load.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from impls import pdl
+from impls.contract import UnsupportedCase
+
+# The decode shapes the check runs: rows x N, bfloat16 (what a decode step's norms see).
+SHAPES = ((1, 4096), (64, 4096))
+DTYPE = torch.bfloat16
+# The producer's spin: about 40 µs on an H100, some twenty times a decode norm.
+SPIN = 1 << 15
+POISON = 7.0  # what x and the residual hold before the producer writes them
+REPLAYS = 3
+
+
+@dataclass
+class DependentLaunchResult:
+    skipped: str | None = None
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _fused(kernel) -> bool:
+    return getattr(kernel, "family", "plain") == "fused"
+
+
+def _call_kwargs(kernel) -> dict:
+    """A fused kernel's call in its own first convention, offset and output (a decode step's)."""
+    from impls.fused import FP8_DTYPES
+    kw = {"write": kernel.writes[0]}
+    if 0.0 not in kernel.weight_offsets:
+        kw["weight_offset"] = kernel.weight_offsets[0]
+    if None not in kernel.out_dtypes:
+        kw.update(out_dtype=next(d for d in kernel.out_dtypes if d in FP8_DTYPES), scale=1.0)
+    return kw
+
+
+def _inputs(kernel, m: int, n: int, device: str, seed: int = 0):
+    """Sources (what the producer writes) and the weight and bias of a call."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    src_x = torch.randn(m, n, generator=g).to(DTYPE).to(device)
+    add = _fused(kernel) and kernel.op.startswith("add_")
+    src_r = torch.randn(m, n, generator=g).to(DTYPE).to(device) if add else None
+    weight = (1 + 0.1 * torch.randn(n, generator=g)).to(DTYPE).to(device)
+    bias = (0.1 * torch.randn(n, generator=g)).to(DTYPE).to(device) if kernel.op.endswith("layer_norm") else None
+    return src_x, src_r, weight, bias
+
+
+def _call(kernel, x, r, weight, bias):
+    """The kernel's call on x (and the residual); its outputs as a dict of tensors."""
+    if _fused(kernel):
+        out = kernel(x, r, weight, bias, **_call_kwargs(kernel))
+    else:
+        out = kernel(x, weight, bias)
+    return {k: v for k, v in out.fields().items()} if hasattr(out, "fields") else \
+        {k: getattr(out, k) for k in ("y", "mean", "rstd") if getattr(out, k, None) is not None}
+
+
+def _differences(got: dict, want: dict) -> list[str]:
+    out = []
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None:
+            out.append(f"{name}: not written")
+            continue
+        gv, wv = g.float(), w.float()
+        same = (gv == wv) | (gv.isnan() & wv.isnan())
+        if not bool(same.all()):
+            rows = (~same).reshape(same.shape[0], -1).any(dim=1) if same.dim() else ~same
+            worst = (gv - wv).abs().nan_to_num(float("inf")).max().item()
+            out.append(f"{name}: {int(rows.sum())} of {rows.numel()} rows differ from a plain call on the same "
+                       f"inputs (worst |diff| {worst:.3g}): it read x before the kernel before it wrote it")
+    return out
+
+
+def _producer():
+    from harness.judging import _pdl_producer
+    return _pdl_producer
+
+
+def check_dependent_launch(kernel, m: int, n: int, device: str = "cuda") -> DependentLaunchResult:
+    """The CUDA graph producer -> norm with PDL on, replayed REPLAYS times, each against the
+    plain call's bits (see the module docstring)."""
+    why = kernel.unavailable() or pdl.unavailable(device)
+    if why:
+        return DependentLaunchResult(skipped=f"PDL cannot run here: {why}" if not kernel.unavailable() else why)
+    if not getattr(kernel, "pdl", False):
+        return DependentLaunchResult(skipped=f"{kernel.name} does not launch with PDL")
+    if getattr(kernel, "nondeterministic", None):
+        return DependentLaunchResult(skipped=f"not judged bit for bit: {kernel.nondeterministic}")
+    src_x, src_r, weight, bias = _inputs(kernel, m, n, device)
+    with pdl.forced(True):
+        if not kernel.launches_pdl(torch.device(device)):
+            return DependentLaunchResult(skipped="PDL is switched off for this process (NORMDIFF_PDL=0)")
+        try:
+            want = _call(kernel, src_x.clone(), None if src_r is None else src_r.clone(), weight, bias)
+            want = {k: v.clone() for k, v in want.items()}
+        except UnsupportedCase as e:
+            return DependentLaunchResult(skipped=str(e))
+        x = torch.full_like(src_x, POISON)
+        r = None if src_r is None else torch.full_like(src_r, POISON)
+        producer = _producer()
+        # Warm: compile the producer and the norm for these buffers outside the capture.
+        producer.write(src_x, x, src_r, r, spin=1)
+        _call(kernel, x, r, weight, bias)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph.capture_begin()
+            try:
+                x.fill_(POISON)
+                if r is not None:
+                    r.fill_(POISON)
+                producer.write(src_x, x, src_r, r, spin=SPIN)
+                got = _call(kernel, x, r, weight, bias)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+        failures = []
+        for i in range(REPLAYS):
+            graph.replay()
+            torch.cuda.synchronize()
+            failures += [f"replay {i + 1}: {d}" for d in _differences(got, want)]
+        return DependentLaunchResult(failures=failures)
+
+
+# -- The CPU twin: the wait in the compiled code ---------------------------------------------------
+_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global", re.M)
+_WAIT = re.compile(r"griddepcontrol\.wait", re.M)
+
+
+def wait_before_loads(ptx: str) -> str | None:
+    """None where the PTX waits (griddepcontrol.wait) before its first global load, else what is
+    wrong."""
+    wait, load = _WAIT.search(ptx), _LOAD.search(ptx)
+    if wait is None:
+        return "no griddepcontrol.wait: launched with PDL it may read x before the kernel before it wrote it"
+    if load is not None and load.start() < wait.start():
+        return "a global load comes before griddepcontrol.wait"
+    return None
