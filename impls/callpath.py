@@ -11,6 +11,12 @@ The layers, from the bottom:
     on its second call.
 - ``impls.fastpath`` and ``impls.native``: how a plan and a replay are made.
 
+Both caches hold launches made under one position of the PDL switch (impls.pdl): a plan replays
+the launch it found (Triton's, the compiled kernel with its launch_pdl), a native table the
+launches it recorded. A ``CallPath`` remembers the switch's ``generation()`` it planned under and
+drops both caches once it changes, so the next call validates and records afresh (the native
+table itself serves nothing meanwhile: callers that reach it first get None).
+
 ``NormKernel.__call__`` asks the native table first, then the Python plan, then validates. The
 native path asks the kernel, never its backend's name, for what a replay needs: the kernel's
 ``launch_hooks()`` (an object whose launch hooks, when set, send a call the Python way) and its
@@ -21,7 +27,7 @@ Tests and tools read and reset the caches through ``state``, ``plans``, ``native
 """
 from __future__ import annotations
 
-from impls import fastpath, native
+from impls import fastpath, native, pdl
 from impls.base import DEFAULT_EPS, NormKernel, NormSpec, install_call_path
 
 
@@ -29,18 +35,22 @@ class CallPath:
     """One kernel's plans and native table. ``native`` is read by entry points that skip a frame
     (impls.triton's functions); it is written here and by ``impls.native.record`` only."""
 
-    __slots__ = ("kernel", "plans", "native", "default_eps", "__weakref__")
+    __slots__ = ("kernel", "plans", "native", "default_eps", "generation", "__weakref__")
 
     def __init__(self, kernel: NormKernel):
         self.kernel = kernel
         self.plans: dict = {}
         self.native = None
         self.default_eps = DEFAULT_EPS[kernel.op]
+        self.generation = pdl.generation()  # of the PDL switch the caches were made under
 
     def fast(self, x, weight, bias, eps):
         """The outputs of this call by its signature's plan, or None where the call must validate
-        (a new signature, an eps the validated call must judge)."""
+        (a new signature, an eps the validated call must judge, a change of the PDL switch)."""
         if not self.plans:  # nothing kept (the fast path off, or every plan dropped): no signature to make
+            return None
+        if self.generation != pdl.generation():
+            self.forget_switch()
             return None
         key = fastpath.call_signature(x, weight, bias)
         if key is None:
@@ -58,6 +68,8 @@ class CallPath:
         wrapped to record its native launches on its first run where the kernel may be replayed."""
         if not fastpath.ENABLED:
             return
+        if self.generation != pdl.generation():
+            self.forget_switch()
         key = fastpath.call_signature(x, weight, bias)
         if key is None or key in self.plans:
             return
@@ -73,6 +85,12 @@ class CallPath:
     def forget_plans(self) -> None:
         """Drop the Python plans: each signature's next call validates (and records) again."""
         self.plans.clear()
+
+    def forget_switch(self) -> None:
+        """Drop the plans and the native table made under an earlier position of the PDL switch."""
+        self.plans.clear()
+        self.native = None
+        self.generation = pdl.generation()
 
 
 def state(kernel: NormKernel) -> dict:

@@ -8,7 +8,9 @@ the validated way and leaves a plan (``NormKernel.fast_plan``) in the kernel's c
 (``impls.callpath``); later calls of the same signature, with outputs left to the kernel
 (``out=None``) and an eps that is a valid float, run the plan: allocate the outputs and launch.
 Every value validation depends on is either in the signature or checked again on each call (eps),
-so bad input is refused with the same errors on a warm cache as on a cold one.
+so bad input is refused with the same errors on a warm cache as on a cold one. A plan launches as
+the switch of programmatic dependent launch (impls.pdl) stood when it was made: the call path
+drops it when the switch changes.
 
 Backends override ``NormKernel.fast_plan`` with leaner launches (Triton: the compiled kernel's
 own launcher; TileLang: the compiled kernel called on prepared views); ``generic_plan`` here

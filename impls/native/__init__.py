@@ -1,4 +1,4 @@
-"""The native call path: a warm call's launches replayed from C++ (``launch.cpp``).
+"""The native call path: a warm call's launches replayed from C++ (``launch.cpp``, ``driver.cpp``).
 
 The Python fast path (``impls.fastpath``) still spends its host time in Python: the signature,
 two or three torch allocations and the launcher's argument handling, about 20 µs a call against
@@ -8,13 +8,35 @@ under CUDA stream capture, on fresh stand-ins for the call's tensors (same shape
 and 16-byte alignment), and the captured graph gives every launch's function, grid, block,
 shared memory and parameter bytes. A parameter equal to a stand-in's data pointer, or to the float32 bits of the marker eps,
 is filled from the call each time; every other parameter keeps its recorded bytes. Later calls
-of the signature are one C++ call: signature lookup, output allocation, cuLaunchKernel.
+of the signature are one C++ call: signature lookup, output allocation, cuLaunchKernel (or
+cuLaunchKernelEx for a launch with programmatic dependent launch, below).
+
+PDL (impls.pdl). A launch recorded with PDL is replayed with its attribute
+(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION through cuLaunchKernelEx); one recorded
+without it, without. Which it was, per launch (``replay_pdl``): the kernel's declaration at
+recording time (``kernel.launches_pdl(device)``) says whether it may launch with PDL at all, and
+the capture says whether each launch did. A kernel that may is captured behind a launch of its
+own (a one-element add), so that even its first launch has an edge before it: a capture turns a
+PDL launch into a programmatic edge. A kernel's declaration alone would not do: Triton's rowwise
+kernels launch with PDL at their decode setting only, and a launch that never waits
+(griddepcontrol.wait) replayed with PDL could read its input before the kernel before it wrote
+it. The node's own programmatic-serialization attribute counts too where the driver reports it
+(a 0 proves nothing: the capture moved PDL into the edge). Refused: a launch that shows PDL the
+kernel does not declare here; an edge and an attribute that disagree; a kernel that may launch
+with PDL and a launch whose capture shows neither (no edge data: a driver without
+cuGraphGetEdges_v2); a PDL launch and a driver without cuLaunchKernelEx.
+
+Plans and tables hold launches recorded under one position of the PDL switch: each change
+bumps ``impls.pdl.generation()``, the table then serves nothing (it reads the switch on each
+call) and the call path (impls.callpath) drops it with its Python plans (Triton's hold the
+compiled kernel and its launch_pdl), so the next call validates and records afresh.
 
 A recording is refused, and the call keeps the Python fast path, where it cannot be replayed
 exactly: a node that is not a kernel launch (a memset, a copy), parameters passed packed, a
 parameter that points at device memory other than the call's tensors (a workspace allocated per
 call), no parameter carrying eps, a cluster or cooperative launch (a kernel launched as clusters
-also declares it: ``NormKernel.native_replay``). ``refusals()`` says why, per kernel.
+also declares it: ``NormKernel.native_replay``), a launch whose PDL cannot be replayed as
+recorded (above). ``refusals()`` says why, per kernel.
 
 The extension is built with torch's cpp_extension on first use, in a background thread (about
 half a minute, once per torch version; the cache is torch's extensions directory), so no call
@@ -35,7 +57,7 @@ from pathlib import Path
 
 import torch
 
-from impls import fastpath
+from impls import fastpath, pdl
 from impls.base import DEFAULT_EPS, NormOutputs, rows_view
 
 ENABLED = os.environ.get("NORMDIFF_NATIVE", "1") != "0"
@@ -178,6 +200,7 @@ def record(path, x: torch.Tensor, x2: torch.Tensor, weight, bias) -> None:
     """Record the launches of ``path``'s kernel for this call's signature into its native table
     (see the module docstring); a refusal is kept in ``refusals()``."""
     kernel = path.kernel
+    generation = pdl.generation()
     if kernel.native_replay is not None:
         _refusals[kernel.name] = kernel.native_replay
         return
@@ -190,6 +213,8 @@ def record(path, x: torch.Tensor, x2: torch.Tensor, weight, bias) -> None:
         return
     try:
         launches, keep = _capture(mod, kernel, x, x2, weight, bias)
+        if pdl.generation() != generation:
+            raise _Refused("the PDL switch changed while the launches were recorded")
     except _Refused as why:
         _refusals[kernel.name] = str(why)
         return
@@ -199,7 +224,8 @@ def record(path, x: torch.Tensor, x2: torch.Tensor, weight, bias) -> None:
     table = path.native
     if table is None:
         table = mod.PlanTable(NormOutputs, "mean" in kernel.outputs, "rstd" in kernel.outputs,
-                              DEFAULT_EPS[kernel.op], torch.Tensor, kernel.launch_hooks(), fastpath.PLAN_LIMIT)
+                              DEFAULT_EPS[kernel.op], torch.Tensor, kernel.launch_hooks(), fastpath.PLAN_LIMIT,
+                              pdl_state())
     table.add(x, weight, bias, x.device.index if x.device.index is not None else torch.cuda.current_device(),
               launches, keep)
     path.native = table
@@ -210,7 +236,45 @@ class _Refused(Exception):
     pass
 
 
+def pdl_state() -> dict:
+    """impls.pdl's switch, whose "generation" a native table reads on every call (a dict read in
+    C++, no Python call): a table recorded under another generation serves nothing."""
+    state = pdl._switch
+    if not isinstance(state, dict) or state.get("generation") != pdl.generation():
+        raise RuntimeError("impls.pdl's switch is no longer a dict holding generation()")
+    return state
+
+
+def replay_pdl(declared: bool, evidence, launch_ex: bool) -> list[bool]:
+    """Whether each recorded launch replays with PDL, by the rule of the module docstring, or
+    ``_Refused`` with the reason. ``declared``: the kernel may launch with PDL for this call
+    (``kernel.launches_pdl``); ``evidence``: per launch, (edge, attribute) as ``read_graph`` gives
+    them (1: shows PDL, 0: shows none, -1: says nothing); ``launch_ex``: the driver has
+    cuLaunchKernelEx."""
+    flags = []
+    for i, (edge, attribute) in enumerate(evidence):
+        # An attribute of 0 says nothing: a capture moves a PDL launch's attribute into its edge.
+        shown = {edge} - {-1} | ({1} if attribute == 1 else set())
+        if len(shown) > 1:
+            raise _Refused(f"launch {i}: the capture's edge shows no PDL but the node's attribute does")
+        used = shown.pop() if shown else None
+        if used and not declared:
+            raise _Refused(f"launch {i} used PDL, which the kernel does not declare for this call (KernelContract.pdl, "
+                           "impls.pdl.enabled)")
+        if declared and used is None:
+            raise _Refused(f"whether launch {i} used PDL cannot be established: the kernel may launch with it here and "
+                           "the capture shows neither a programmatic edge nor the attribute (no cuGraphGetEdges_v2?)")
+        if used and not launch_ex:
+            raise _Refused(f"launch {i} used PDL and the driver has no cuLaunchKernelEx: cuLaunchKernel would drop it")
+        flags.append(bool(used))
+    return flags
+
+
 def _capture(mod, kernel, x, x2, weight, bias):
+    declared = kernel.launches_pdl(x.device)
+    # A kernel that may launch with PDL is captured behind a launch of its own: its first launch
+    # then has an edge before it, programmatic where it used PDL.
+    lead = torch.zeros(1, dtype=torch.int32, device=x.device) if declared else None
     sx, sw, sb = _stand_in(x), _stand_in(weight), _stand_in(bias)
     out = kernel.allocate(sx)
     sx2 = rows_view(sx, "x", allow_copy=False)
@@ -230,20 +294,29 @@ def _capture(mod, kernel, x, x2, weight, bias):
     with torch.cuda.stream(side):
         graph.capture_begin(capture_error_mode="relaxed")
         try:
+            if lead is not None:
+                lead.add_(1)
             kernel._forward(sx2, sw, sb, EPS_MARKER, out2)
         finally:
             graph.capture_end()
     current.wait_stream(side)
-    nodes = mod.read_graph(graph.raw_cuda_graph())
+    nodes = mod.read_graph(graph.raw_cuda_graph(), 0 if lead is None else 1)
     del graph
-    if not nodes:
-        raise _Refused("the capture holds no kernel launch")
     # Memory the launch code allocated for itself (a workspace) is neither the call's nor one of
     # the kernel's lasting placeholders: a launch that points at it cannot be replayed.
     keep = [t for t in kernel.persistent_buffers(x) if t.data_ptr() not in pointers]
-    allowed = {t.data_ptr() for t in keep}
+    return _launches(mod, nodes, pointers, {t.data_ptr() for t in keep}, declared), keep
+
+
+def _launches(mod, nodes, pointers: dict, allowed: set, declared: bool) -> list:
+    """The table's launches from ``read_graph``'s nodes: each parameter's source (the call's data
+    pointer ``pointers`` maps it to, eps, or -1: its recorded bytes) and whether it replays with
+    PDL; ``_Refused`` where they cannot be replayed as recorded."""
+    if not nodes:
+        raise _Refused("the capture holds no kernel launch")
+    flags = replay_pdl(declared, [node[7:9] for node in nodes], mod.driver_features()["launch_ex"])
     launches, eps_found = [], 0
-    for func, grid, block, smem, params, offsets, sizes in nodes:
+    for (func, grid, block, smem, params, offsets, sizes, _, _), with_pdl in zip(nodes, flags):
         sources = []
         for offset, size in zip(offsets, sizes):
             raw = params[offset:offset + size]
@@ -259,10 +332,10 @@ def _capture(mod, kernel, x, x2, weight, bias):
             elif size not in (1, 2, 4, 8):
                 raise _Refused(f"a launch parameter of {size} bytes (a struct such as a TMA descriptor)")
             sources.append(src)
-        launches.append((func, tuple(grid), tuple(block), smem, params, list(offsets), sources))
+        launches.append((func, tuple(grid), tuple(block), smem, params, list(offsets), sources, with_pdl))
     if not eps_found:
         raise _Refused("no launch parameter carries eps (compiled in?)")
-    return launches, keep
+    return launches
 
 
 def main() -> int:

@@ -1,9 +1,10 @@
 // normdiff's native call path (impls/native/__init__.py): a kernel's recorded launches replayed
 // from C++, so a warm call costs one signature lookup, the output allocations and one
-// cuLaunchKernel per recorded kernel, with no Python in between.
+// cuLaunchKernel per recorded kernel, with no Python in between. A launch recorded with
+// programmatic dependent launch (PDL) is replayed with its attribute, through cuLaunchKernelEx.
 //
-// The CUDA driver is opened at run time (dlopen), so this builds against any torch, CPU-only
-// ones included, and needs no CUDA toolkit. The current stream comes from torch itself
+// The CUDA driver is opened at run time (dlopen, driver.cpp), so this builds against any torch,
+// CPU-only ones included, and needs no CUDA toolkit. The current stream comes from torch itself
 // (torch._C._cuda_getCurrentRawStream), so no CUDA library of torch is linked either.
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -19,88 +21,9 @@
 
 namespace py = pybind11;
 
+#include "driver.cpp"  // the driver's types and entry points, and read_graph
+
 namespace {
-
-// -- the driver API, as far as used -----------------------------------------------------------
-using CUresult = int;
-using CUfunction = void*;
-using CUstream = void*;
-using CUgraph = void*;
-using CUgraphNode = void*;
-using CUcontext = void*;
-
-struct KernelNodeParams {  // CUDA_KERNEL_NODE_PARAMS_v2
-  CUfunction func;
-  unsigned int gridDimX, gridDimY, gridDimZ;
-  unsigned int blockDimX, blockDimY, blockDimZ;
-  unsigned int sharedMemBytes;
-  void** kernelParams;
-  void** extra;
-  void* kern;
-  CUcontext ctx;
-};
-
-constexpr int kNodeKernel = 0;          // CU_GRAPH_NODE_TYPE_KERNEL
-constexpr int kAttrCooperative = 2;     // CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-constexpr int kAttrClusterDim = 4;      // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-constexpr int kAttrPreferredCluster = 11;  // CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION
-constexpr int kFuncClusterMustBeSet = 10;  // CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET
-
-union LaunchAttributeValue {  // CUlaunchAttributeValue
-  char pad[64];
-  int cooperative;
-  struct {
-    unsigned int x, y, z;
-  } clusterDim;
-};
-constexpr int kPointerMemoryType = 2;   // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-
-struct Driver {
-  CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                     CUstream, void**, void**) = nullptr;
-  CUresult (*ctx_current)(CUcontext*) = nullptr;
-  CUresult (*graph_nodes)(CUgraph, CUgraphNode*, size_t*) = nullptr;
-  CUresult (*graph_edges)(CUgraph, CUgraphNode*, CUgraphNode*, size_t*) = nullptr;
-  CUresult (*node_type)(CUgraphNode, int*) = nullptr;
-  CUresult (*kernel_params)(CUgraphNode, KernelNodeParams*) = nullptr;
-  CUresult (*param_info)(CUfunction, size_t, size_t*, size_t*) = nullptr;
-  CUresult (*pointer_attribute)(void*, int, unsigned long long) = nullptr;
-  CUresult (*node_attribute)(CUgraphNode, int, LaunchAttributeValue*) = nullptr;
-  CUresult (*func_attribute)(int*, int, CUfunction) = nullptr;
-  std::string error;
-
-  Driver() {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      error = "libcuda.so.1 not loadable (no NVIDIA driver)";
-      return;
-    }
-    auto get = [&](const char* name) {
-      void* f = dlsym(lib, name);
-      if (!f && error.empty()) error = std::string("the driver lacks ") + name;
-      return f;
-    };
-    launch = reinterpret_cast<decltype(launch)>(get("cuLaunchKernel"));
-    ctx_current = reinterpret_cast<decltype(ctx_current)>(get("cuCtxGetCurrent"));
-    graph_nodes = reinterpret_cast<decltype(graph_nodes)>(get("cuGraphGetNodes"));
-    graph_edges = reinterpret_cast<decltype(graph_edges)>(get("cuGraphGetEdges"));
-    node_type = reinterpret_cast<decltype(node_type)>(get("cuGraphNodeGetType"));
-    kernel_params = reinterpret_cast<decltype(kernel_params)>(get("cuGraphKernelNodeGetParams_v2"));
-    param_info = reinterpret_cast<decltype(param_info)>(get("cuFuncGetParamInfo"));  // CUDA 12.4+
-    pointer_attribute = reinterpret_cast<decltype(pointer_attribute)>(get("cuPointerGetAttribute"));
-    node_attribute = reinterpret_cast<decltype(node_attribute)>(get("cuGraphKernelNodeGetAttribute"));
-    func_attribute = reinterpret_cast<decltype(func_attribute)>(get("cuFuncGetAttribute"));
-  }
-};
-
-Driver& driver() {
-  static Driver d;
-  return d;
-}
-
-void check(CUresult status, const char* what) {
-  if (status != 0) throw std::runtime_error(std::string(what) + " failed: CUresult " + std::to_string(status));
-}
 
 // Where a replayed parameter's value comes from: the call's tensors' data pointers, or its eps.
 enum Source : int { X = 0, W = 1, B = 2, Y = 3, MEAN = 4, RSTD = 5, EPS = 6 };
@@ -108,11 +31,26 @@ enum Source : int { X = 0, W = 1, B = 2, Y = 3, MEAN = 4, RSTD = 5, EPS = 6 };
 struct Launch {
   CUfunction func;
   unsigned grid[3], block[3], smem;
+  bool pdl = false;  // replayed with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+  LaunchAttribute attr{};
   std::vector<unsigned char> params;  // every parameter's bytes at its offset, as recorded
   std::vector<size_t> offsets;
   std::vector<std::pair<size_t, int>> subs;  // (byte offset, Source)
   std::vector<void*> args;  // pointers into params, one per parameter
 };
+
+LaunchAttribute programmatic_attribute() {
+  LaunchAttribute a{};
+  a.id = kAttrProgrammatic;
+  a.value.programmaticStreamSerializationAllowed = 1;
+  return a;
+}
+
+// The cuLaunchKernelEx configuration of a PDL launch on ``stream``: its shape and its attribute.
+LaunchConfig launch_config(Launch& l, CUstream stream) {
+  return LaunchConfig{l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.smem, stream,
+                      &l.attr, 1};
+}
 
 struct Plan {
   CUcontext ctx;
@@ -146,12 +84,18 @@ struct KeyHash {
 
 class PlanTable {
  public:
+  // ``pdl_state``: impls.pdl's switch (a dict whose "generation" every change of the switch
+  // bumps), read on each call without calling into Python: plans recorded under another
+  // generation may launch with PDL where the switch now says not, or the other way round.
   PlanTable(py::object outputs_cls, bool want_mean, bool want_rstd, double default_eps, py::object tensor_type,
-            py::object hooks, size_t limit)
+            py::object hooks, size_t limit, py::dict pdl_state)
       : outputs_cls_(std::move(outputs_cls)), want_mean_(want_mean), want_rstd_(want_rstd),
-        default_eps_(default_eps), tensor_type_(std::move(tensor_type)), hooks_(std::move(hooks)), limit_(limit) {
+        default_eps_(default_eps), tensor_type_(std::move(tensor_type)), hooks_(std::move(hooks)), limit_(limit),
+        pdl_state_(std::move(pdl_state)) {
+    generation_key_ = py::reinterpret_steal<py::object>(PyUnicode_InternFromString("generation"));
+    generation_ = switch_generation();
     py::module_ c = py::module_::import("torch._C");
-    raw_stream_ = c.attr("_cuda_getCurrentRawStream");
+    raw_stream_ = py::getattr(c, "_cuda_getCurrentRawStream", py::none());  // absent from CPU-only torch
     object_new_ = py::module_::import("builtins").attr("object").attr("__new__");
     for (int i = 0; i < 3; ++i) field_[i] = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(kFields[i]));
     for (int i = 0; i < 2; ++i) hook_[i] = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(kHooks[i]));
@@ -174,6 +118,11 @@ class PlanTable {
     add_tensor_key(key_, x.ptr());
     add_tensor_key(key_, w.ptr());
     add_tensor_key(key_, b.ptr());
+    if (plans_.empty()) return py::none();
+    if (switch_generation() != generation_) {  // the PDL switch changed: every plan is stale
+      plans_.clear();
+      return py::none();
+    }
     auto found = plans_.find(key_);
     if (found == plans_.end() || !hooks_idle()) return py::none();
     Plan& plan = found->second;
@@ -202,9 +151,14 @@ class PlanTable {
     for (Launch& l : plan.launches) {
       for (auto& [offset, src] : l.subs)
         std::memcpy(l.params.data() + offset, &values[src], src == EPS ? sizeof(float) : sizeof(uint64_t));
-      check(driver().launch(l.func, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.smem,
-                            stream, l.args.data(), nullptr),
-            "cuLaunchKernel");
+      if (l.pdl) {
+        LaunchConfig config = launch_config(l, stream);
+        check(driver().launch_ex(&config, l.func, l.args.data(), nullptr), "cuLaunchKernelEx");
+      } else {
+        check(driver().launch(l.func, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.smem,
+                              stream, l.args.data(), nullptr),
+              "cuLaunchKernel");
+      }
     }
     // The outputs object without running its Python __init__ (a dataclass's costs a microsecond).
     py::object result = py::reinterpret_steal<py::object>(PyObject_CallOneArg(object_new_.ptr(), outputs_cls_.ptr()));
@@ -218,16 +172,15 @@ class PlanTable {
     return result;
   }
 
-  // A plan for the signature of (x, w, b): launches as read_graph returned them, with each
-  // parameter's source (-1: the recorded bytes) in ``sources`` per launch.
+  // A plan for the signature of (x, w, b), recorded under the PDL switch's current generation:
+  // launches as read_graph returned them, with each parameter's source (-1: the recorded bytes)
+  // in ``sources`` and whether it replays with PDL (impls.native decides) per launch.
   void add(py::handle x, py::handle w, py::handle b, int64_t device, py::list launches, py::list keep) {
     std::vector<int64_t> key;
     add_tensor_key(key, x.ptr());
     add_tensor_key(key, w.ptr());
     add_tensor_key(key, b.ptr());
-    if (plans_.size() >= limit_) plans_.clear();  // a full table is cleared rather than searched
     Plan plan;
-    check(driver().ctx_current(&plan.ctx), "cuCtxGetCurrent");
     plan.device_index = py::int_(device);
     for (py::handle item : launches) {
       py::tuple t = item.cast<py::tuple>();
@@ -242,8 +195,18 @@ class PlanTable {
       auto sources = t[6].cast<std::vector<int>>();
       for (size_t i = 0; i < l.offsets.size(); ++i)
         if (sources[i] >= 0) l.subs.emplace_back(l.offsets[i], sources[i]);
+      l.pdl = t[7].cast<bool>();
+      if (l.pdl && !driver().launch_ex)  // cuLaunchKernel would drop the attribute
+        throw std::runtime_error("a PDL launch, and the driver has no cuLaunchKernelEx to replay it with "
+                                 "its attribute");
+      if (l.pdl) l.attr = programmatic_attribute();
       plan.launches.push_back(std::move(l));
     }
+    if (!driver().error.empty()) throw std::runtime_error(driver().error);
+    check(driver().ctx_current(&plan.ctx), "cuCtxGetCurrent");
+    int64_t now = switch_generation();
+    if (now != generation_ || plans_.size() >= limit_) plans_.clear();  // stale, or full: cleared, not searched
+    generation_ = now;
     for (Launch& l : plan.launches)  // after the moves: pointers into each launch's own bytes
       for (size_t off : l.offsets) l.args.push_back(l.params.data() + off);
     for (py::handle k : keep) plan.keep.push_back(py::reinterpret_borrow<py::object>(k));
@@ -252,8 +215,31 @@ class PlanTable {
 
   size_t size() const { return plans_.size(); }
   void clear() { plans_.clear(); }
+  // Whether the plans were recorded under the PDL switch as it is now.
+  bool current() { return switch_generation() == generation_; }
+  // Per plan, whether each of its launches replays with PDL (tests, tools).
+  py::list pdl_flags() const {
+    py::list out;
+    for (const auto& [key, plan] : plans_) {
+      py::list flags;
+      for (const Launch& l : plan.launches) flags.append(l.pdl);
+      out.append(py::tuple(flags));
+    }
+    return out;
+  }
 
  private:
+  int64_t switch_generation() {
+    PyObject* value = PyDict_GetItemWithError(pdl_state_.ptr(), generation_key_.ptr());
+    if (!value) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      throw std::runtime_error("impls.pdl's switch holds no generation");
+    }
+    int64_t g = PyLong_AsLongLong(value);
+    if (g == -1 && PyErr_Occurred()) throw py::error_already_set();
+    return g;
+  }
+
   // Triton's launch hooks (a profiler) must see every launch: while one is set, calls go the
   // Python way. Triton 3.6 keeps empty hook chains (falsy .calls), older releases None.
   bool hooks_idle() {
@@ -280,111 +266,43 @@ class PlanTable {
   py::object tensor_type_, hooks_, raw_stream_, object_new_, calls_;
   py::object field_[3], hook_[2];
   size_t limit_;
+  py::dict pdl_state_;
+  py::object generation_key_;
+  int64_t generation_ = 0;
   std::unordered_map<std::vector<int64_t>, Plan, KeyHash> plans_;
   std::vector<int64_t> key_;
 };
 
-// The kernel launches of a captured graph, in stream order: (function, grid, block, shared
-// bytes, parameter bytes, parameter offsets, parameter sizes). Raises on any other kind of node
-// or on a launch whose parameters cannot be read one by one.
-py::list read_graph(uintptr_t graph_handle) {
-  Driver& d = driver();
-  if (!d.error.empty()) throw std::runtime_error(d.error);
-  CUgraph graph = reinterpret_cast<CUgraph>(graph_handle);
-  size_t count = 0;
-  check(d.graph_nodes(graph, nullptr, &count), "cuGraphGetNodes");
-  std::vector<CUgraphNode> nodes(count);
-  check(d.graph_nodes(graph, nodes.data(), &count), "cuGraphGetNodes");
-  size_t edges = 0;
-  check(d.graph_edges(graph, nullptr, nullptr, &edges), "cuGraphGetEdges");
-  std::vector<CUgraphNode> from(edges), to(edges);
-  if (edges) check(d.graph_edges(graph, from.data(), to.data(), &edges), "cuGraphGetEdges");
-  // One stream's capture is a chain: order the nodes by following it from the node nothing precedes.
-  std::unordered_map<CUgraphNode, CUgraphNode> next;
-  std::unordered_map<CUgraphNode, int> incoming;
-  for (size_t i = 0; i < edges; ++i) {
-    if (next.count(from[i])) throw std::runtime_error("the captured launches are not one chain");
-    next[from[i]] = to[i];
-    incoming[to[i]] += 1;
-  }
-  std::vector<CUgraphNode> order;
-  for (CUgraphNode n : nodes)
-    if (!incoming.count(n)) order.push_back(n);
-  if (count && order.size() != 1) throw std::runtime_error("the captured launches are not one chain");
-  while (count && order.size() < count) {
-    auto it = next.find(order.back());
-    if (it == next.end()) throw std::runtime_error("the captured launches are not one chain");
-    order.push_back(it->second);
-  }
-  py::list out;
-  for (CUgraphNode n : order) {
-    int type = -1;
-    check(d.node_type(n, &type), "cuGraphNodeGetType");
-    if (type != kNodeKernel) throw std::runtime_error("the capture holds a node other than a kernel launch (type " +
-                                                      std::to_string(type) + ")");
-    KernelNodeParams p{};
-    check(d.kernel_params(n, &p), "cuGraphKernelNodeGetParams");
-    if (!p.func) throw std::runtime_error("a captured launch names no CUfunction");
-    if (!p.kernelParams) throw std::runtime_error("a captured launch passes its parameters packed (extra), not one by one");
-    // cuLaunchKernel takes no launch attributes: a cluster or cooperative launch replayed
-    // without them faults (an illegal instruction) or deadlocks, so one found here is refused.
-    // On the H200's driver (580) reading a captured node's attributes failed, so a failed read
-    // proves nothing either way: kernels that launch clusters also say so themselves
-    // (NormKernel.native_replay), and the caller refuses them before any capture.
-    for (int attr : {kAttrClusterDim, kAttrPreferredCluster}) {
-      LaunchAttributeValue v{};
-      if (d.node_attribute(n, attr, &v) == 0 &&
-          static_cast<unsigned long long>(std::max(v.clusterDim.x, 1u)) * std::max(v.clusterDim.y, 1u) *
-                  std::max(v.clusterDim.z, 1u) > 1)
-        throw std::runtime_error("a cluster launch (" + std::to_string(v.clusterDim.x) + "x" +
-                                 std::to_string(v.clusterDim.y) + "x" + std::to_string(v.clusterDim.z) +
-                                 " blocks): cuLaunchKernel would drop its cluster shape");
-    }
-    LaunchAttributeValue coop{};
-    if (d.node_attribute(n, kAttrCooperative, &coop) == 0 && coop.cooperative)
-      throw std::runtime_error("a cooperative launch: cuLaunchKernel would drop it");
-    int must_set = 0;
-    if (d.func_attribute(&must_set, kFuncClusterMustBeSet, p.func) == 0 && must_set)
-      throw std::runtime_error("a kernel that must be launched with a cluster size");
-    std::vector<size_t> offsets, sizes;
-    size_t end = 0;
-    for (size_t i = 0;; ++i) {
-      size_t offset = 0, size = 0;
-      if (d.param_info(p.func, i, &offset, &size) != 0) break;
-      offsets.push_back(offset);
-      sizes.push_back(size);
-      end = std::max(end, offset + size);
-    }
-    std::string bytes(end, '\0');
-    for (size_t i = 0; i < offsets.size(); ++i) std::memcpy(&bytes[offsets[i]], p.kernelParams[i], sizes[i]);
-    out.append(py::make_tuple(reinterpret_cast<uintptr_t>(p.func),
-                              py::make_tuple(p.gridDimX, p.gridDimY, p.gridDimZ),
-                              py::make_tuple(p.blockDimX, p.blockDimY, p.blockDimZ), p.sharedMemBytes,
-                              py::bytes(bytes), offsets, sizes));
-  }
-  return out;
+// The raw cuLaunchKernelEx arguments a replay passes for a PDL launch of this shape: the
+// CUlaunchConfig's bytes (its attrs pointer zeroed) and its attribute's (tests compare both with
+// cuda.h's structs).
+py::tuple pdl_launch_config(std::vector<unsigned> grid, std::vector<unsigned> block, unsigned smem, uintptr_t stream) {
+  Launch l{};
+  for (int i = 0; i < 3; ++i) l.grid[i] = grid.at(i), l.block[i] = block.at(i);
+  l.smem = smem;
+  l.pdl = true;
+  l.attr = programmatic_attribute();
+  LaunchConfig config = launch_config(l, reinterpret_cast<CUstream>(stream));
+  if (config.attrs != &l.attr) throw std::runtime_error("the configuration does not carry the launch's attribute");
+  config.attrs = nullptr;
+  return py::make_tuple(py::bytes(reinterpret_cast<const char*>(&config), sizeof config),
+                        py::bytes(reinterpret_cast<const char*>(&l.attr), sizeof l.attr));
 }
-
-// Whether ``address`` is memory the driver knows (a device or managed allocation).
-bool is_device_pointer(uintptr_t address) {
-  Driver& d = driver();
-  if (!d.error.empty() || address == 0) return false;
-  unsigned int memory_type = 0;
-  return d.pointer_attribute(&memory_type, kPointerMemoryType, address) == 0;
-}
-
-std::string driver_error() { return driver().error; }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<PlanTable>(m, "PlanTable")
-      .def(py::init<py::object, bool, bool, double, py::object, py::object, size_t>())
+      .def(py::init<py::object, bool, bool, double, py::object, py::object, size_t, py::dict>())
       .def("__call__", &PlanTable::call)
       .def("add", &PlanTable::add)
       .def("__len__", &PlanTable::size)
-      .def("clear", &PlanTable::clear);
-  m.def("read_graph", &read_graph);
+      .def("clear", &PlanTable::clear)
+      .def("current", &PlanTable::current)
+      .def("pdl_flags", &PlanTable::pdl_flags);
+  m.def("read_graph", &read_graph, py::arg("graph"), py::arg("lead") = 0);
   m.def("is_device_pointer", &is_device_pointer);
   m.def("driver_error", &driver_error);
+  m.def("driver_features", &driver_features);
+  m.def("pdl_launch_config", &pdl_launch_config);
 }
