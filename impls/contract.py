@@ -125,8 +125,8 @@ class KernelContract:
     # -- capability -------------------------------------------------------------------------
     def launches_pdl(self, device) -> bool:
         """Whether a call on ``device`` launches with PDL now (impls.pdl)."""
-        from impls import pdl
-        return pdl.launches_pdl(self, device)
+        from impls.pdl import launches_pdl
+        return launches_pdl(self, device)
 
     def availability(self) -> str | None:
         """None when the backend can run in this process, else why not (shown as a skip)."""

@@ -25,7 +25,8 @@ ISO_DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 # that skip a frame (impls.triton's, in its dispatch) are the only code that reaches a kernel's
 # call-path caches.
 CALL_PATH_READERS = {"impls/base.py", "impls/callpath.py", "impls/triton/dispatch.py"}
-CONTRACT_MODULES = ("impls.contract", "impls.base", "impls.inputs")
+# impls.pdl: the launch switch the contract asks (it imports nothing of impls).
+CONTRACT_MODULES = ("impls.contract", "impls.base", "impls.inputs", "impls.pdl")
 LAYER_MODULES = ("impls.base", "impls.callpath", "impls.fastpath", "impls.native", "impls.registry")
 
 
