@@ -56,7 +56,7 @@ def test_import_does_not_import_tilelang():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_short_rows_are_read_once_and_long_rows_twice_with_one_plan_for_every_m():
+def test_short_rows_are_read_once_and_long_rows_twice_with_one_reduction_for_every_m():
     k = _kernel("add_layer_norm")
     for n in (1, 769, 4096, 5000, ONE_READ_MAX_N):
         p = k.compile_key(_spec("add_layer_norm", n))
@@ -64,8 +64,13 @@ def test_short_rows_are_read_once_and_long_rows_twice_with_one_plan_for_every_m(
     for n in (ONE_READ_MAX_N + 1, 65536, 100001, 1 << 20):
         p = k.compile_key(_spec("add_layer_norm", n))
         assert p.rows_per_block == 1 and p.segments == -(-n // p.padded) > 1
-    # the plan (and so each row's reduction) never depends on M
-    assert k.compile_key(_spec(rows=1)) == k.compile_key(_spec(rows=1 << 20)) == k.compile_key(_spec(rows=3))
+    # few rows take the decode rule (a row a block, no launch bound); a row's threads, vectors and
+    # columns, and so its reduction, never depend on M
+    few, many = k.compile_key(_spec(rows=1)), k.compile_key(_spec(rows=1 << 20))
+    assert few == k.compile_key(_spec(rows=3)) and many == k.compile_key(_spec(rows=129))
+    same = lambda p: (p.threads_per_row, p.vec, p.padded, p.group, p.segments)  # noqa: E731
+    assert same(few) == same(many) and (few.rows_per_block, few.min_blocks) == (1, 1)
+    assert k.batch_invariant and k.m_thresholds(_spec()) == (128,)
 
 
 def test_cases_it_does_not_take_say_why(monkeypatch):
@@ -145,7 +150,8 @@ def test_fp8_is_scaled_and_clamped_by_comparisons_before_the_cast(built, name):
     above = next(i for i, line in enumerate(lines) if re.search(r"0x1\.cp\+8f/\*4\.480000e\+02\*/ < ", line))
     below = next(i for i, line in enumerate(lines) if re.search(r" < -0x1\.cp\+8f/\*-4\.480000e\+02\*/", line))
     assert above < cast and below < cast, "the clamp to +-448 must come before the fp8 cast"
-    assert "/ scale" in src  # the "divide" convention
+    # the "divide" convention, by the reciprocal the host passes (fused.FP8_SCALE): no division
+    assert "* rs[0]" in src and "rs[0] = scale;" in src and "/ rs[0]" not in src
     assert not re.search(r"\b(fminf|fmaxf|min|max)\(", src), "min/max would turn a NaN into +-448"
 
 

@@ -22,7 +22,7 @@ rstd's shape; every global access guarded by its own condition; float32 compute.
 import tilelang.language as T
 
 from impls.tilelang import _programs
-from impls.tilelang._program_parts import F32, _row_layout
+from impls.tilelang._program_parts import F32, _load_params, _params_at, _row_layout
 
 FUSED_VARIANT = "fused"
 
@@ -33,7 +33,8 @@ def _load(buf, dt, row, stride, vec, col, ok):
 
 
 def _affine(plan, v, W, B, j):
-    """float32 ``v * (W[j] + offset) + B[j]``, with the terms the plan has."""
+    """float32 ``v * (W[j] + offset) + B[j]``, with the terms the plan has (``j`` an index, or
+    (r, j) for the fragments a PDL program loaded them into)."""
     if plan.has_weight:
         w = T.cast(W[j], F32)
         if plan.weight_offset:
@@ -45,19 +46,32 @@ def _affine(plan, v, W, B, j):
 
 
 def _fp8(plan, v, scale):
-    """The fp8 output's float32 value: scaled ("divide"), clamped to the format's largest finite
-    value. The clamp compares rather than taking min/max: fminf(NaN, 448) is 448, and a NaN must
-    stay NaN (the cast keeps it: cvt.satfinite turns NaN into NaN)."""
+    """The fp8 output's float32 value: scaled (divided by the scale, or multiplied by its
+    reciprocal: FusedPlan.fp8_scale), clamped to the format's largest finite value. The clamp
+    compares rather than taking min/max: fminf(NaN, 448) is 448, and a NaN must stay NaN (the
+    cast keeps it: cvt.satfinite turns NaN into NaN)."""
     top = T.float32(plan.fp8_max)
-    v = v / scale
+    v = v / scale if plan.fp8_scale == "divide" else v * scale
     return T.if_then_else(v > top, top, T.if_then_else(v < -top, -top, v))
+
+
+@T.macro
+def _scale_once(plan, rs, scale):
+    """The factor of the fp8 scaling in ``rs[0]``: 1/scale taken once for "reciprocal", else the
+    argument itself (the scale to divide by, or the host's reciprocal)."""
+    if plan.fp8_scale == "reciprocal":
+        rs[0] = T.float32(1.0) / scale
+    else:
+        rs[0] = scale
 
 
 def _one_read(plan):
     N, RB, P, vec, dt, rdt = plan.n, plan.rows_per_block, plan.padded, plan.vec, plan.dtype, plan.residual_dtype
     ydt, fp8 = plan.out_dtype or dt, plan.out_dtype is not None  # ("or" in the macro would be TIR's)
+    yvec = plan.out_vec or vec  # y's row stride comes in these
     ln = plan.layer_norm
     M = T.dynamic("M")
+    layout = _row_layout(plan, RB, P, plan.group)
 
     @T.macro
     def body(X, R, W, B, Y, RO, MEAN, RSTD, sxv, srv, syv, sov, eps, scale):
@@ -69,12 +83,22 @@ def _one_read(plan):
             mean = T.alloc_fragment((RB,), F32)
             corr = T.alloc_fragment((RB,), F32)  # LayerNorm: the mean's correction
             rstd = T.alloc_fragment((RB,), F32)
-            T.annotate_layout({s: _row_layout(plan, RB, P), d: _row_layout(plan, RB, P)})
+            rs = T.alloc_fragment((1,), F32)  # the fp8 scaling's factor
+            wr = T.alloc_fragment((RB, P), dt) if plan.pdl and plan.has_weight else None
+            br = T.alloc_fragment((RB, P), dt) if plan.pdl and plan.has_bias else None
+            T.annotate_layout({s: layout, d: layout, **{f: layout for f in (wr, br) if f is not None}})
+            if plan.pdl:
+                T.pdl_sync()  # the kernel before it may still be writing x and the residual
             for r, j in T.Parallel(RB, P):
                 s[r, j] = _load(X, dt, bx * RB + r, sxv, vec, j, (j < N) & (bx * RB + r < M))
             if R is not None:
                 for r, j in T.Parallel(RB, P):
                     s[r, j] = s[r, j] + _load(R, rdt, bx * RB + r, srv, vec, j, (j < N) & (bx * RB + r < M))
+            if plan.pdl:
+                _load_params(plan, wr, br, W, B, RB, P)
+                T.pdl_trigger()  # every load issued: the next kernel may launch (it waits for this one)
+            if fp8:
+                _scale_once(plan, rs, scale)
             if ln:
                 # The mean, corrected by the mean of s - mean (a sum of a row of one value rounds,
                 # and x^ would be that error times 1/sqrt(eps)), then the centred squares.
@@ -103,17 +127,19 @@ def _one_read(plan):
                         RO[T.cast(bx * RB + r, "int64") * sov * vec + j] = T.cast(s[r, j], rdt)
             if fp8:
                 for r, j in T.Parallel(RB, P):
-                    d[r, j] = _affine(plan, ((s[r, j] - mean[r]) if ln else s[r, j]) * rstd[r], W, B, j)
+                    d[r, j] = _affine(plan, ((s[r, j] - mean[r]) if ln else s[r, j]) * rstd[r],
+                                      *_params_at(plan, W, B, wr, br, r, j))
                 for r, j in T.Parallel(RB, P):
-                    d[r, j] = _fp8(plan, d[r, j], scale)
+                    d[r, j] = _fp8(plan, d[r, j], rs[0])
                 for r, j in T.Parallel(RB, P):
                     if (j < N) & (bx * RB + r < M):
-                        Y[T.cast(bx * RB + r, "int64") * syv * vec + j] = T.cast(d[r, j], ydt)
+                        Y[T.cast(bx * RB + r, "int64") * syv * yvec + j] = T.cast(d[r, j], ydt)
             else:
                 for r, j in T.Parallel(RB, P):
                     if (j < N) & (bx * RB + r < M):
-                        Y[T.cast(bx * RB + r, "int64") * syv * vec + j] = T.cast(
-                            _affine(plan, ((s[r, j] - mean[r]) if ln else s[r, j]) * rstd[r], W, B, j), ydt)
+                        Y[T.cast(bx * RB + r, "int64") * syv * yvec + j] = T.cast(
+                            _affine(plan, ((s[r, j] - mean[r]) if ln else s[r, j]) * rstd[r],
+                                    *_params_at(plan, W, B, wr, br, r, j)), ydt)
             for r in T.Parallel(RB):
                 if bx * RB + r < M:
                     if MEAN is not None:
@@ -126,8 +152,10 @@ def _one_read(plan):
 def _two_reads(plan):
     N, K, vec, dt, rdt, segs = plan.n, plan.padded, plan.vec, plan.dtype, plan.residual_dtype, plan.segments
     ydt, fp8 = plan.out_dtype or dt, plan.out_dtype is not None
+    yvec = plan.out_vec or vec
     ln = plan.layer_norm
     M = T.dynamic("M")
+    layout = _row_layout(plan, 1, K, plan.group)
 
     @T.macro
     def body(X, R, W, B, Y, RO, MEAN, RSTD, sxv, srv, syv, sov, eps, scale):
@@ -142,7 +170,10 @@ def _two_reads(plan):
             m2 = T.alloc_fragment((1,), F32)
             sm = T.alloc_fragment((1,), F32)  # LayerNorm: the segment's mean and count
             nb = T.alloc_fragment((1,), F32)
-            T.annotate_layout({seg: _row_layout(plan, 1, K), d: _row_layout(plan, 1, K)})
+            rs = T.alloc_fragment((1,), F32)  # the fp8 scaling's factor
+            T.annotate_layout({seg: layout, d: layout})
+            if fp8:
+                _scale_once(plan, rs, scale)
             cnt[0] = 0.0
             mean[0] = 0.0
             m2[0] = 0.0
@@ -187,14 +218,14 @@ def _two_reads(plan):
                         d[r, j] = _affine(plan, ((seg[r, j] - mean[0]) if ln else seg[r, j]) * m2[0], W, B,
                                           (segs - 1 - s) * K + j)
                     for r, j in T.Parallel(1, K):
-                        d[r, j] = _fp8(plan, d[r, j], scale)
+                        d[r, j] = _fp8(plan, d[r, j], rs[0])
                     for r, j in T.Parallel(1, K):
                         if (segs - 1 - s) * K + j < N:
-                            Y[T.cast(bx, "int64") * syv * vec + (segs - 1 - s) * K + j] = T.cast(d[r, j], ydt)
+                            Y[T.cast(bx, "int64") * syv * yvec + (segs - 1 - s) * K + j] = T.cast(d[r, j], ydt)
                 else:
                     for r, j in T.Parallel(1, K):
                         if (segs - 1 - s) * K + j < N:
-                            Y[T.cast(bx, "int64") * syv * vec + (segs - 1 - s) * K + j] = T.cast(_affine(
+                            Y[T.cast(bx, "int64") * syv * yvec + (segs - 1 - s) * K + j] = T.cast(_affine(
                                 plan, ((seg[r, j] - mean[0]) if ln else seg[r, j]) * m2[0], W, B,
                                 (segs - 1 - s) * K + j), ydt)
             if MEAN is not None:

@@ -1,6 +1,7 @@
 """What the four TileLang kernels share: availability, capacity, planning and the launch."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -10,7 +11,8 @@ from impls.base import NormKernel, NormOutputs, NormSpec, UnsupportedCase, cuda_
 from impls.repro_calls import through_normdiff
 from impls.tilelang import compiler
 from impls.tilelang.backward import TileLangBackward
-from impls.tilelang.plan import DECODE_MAX_ROWS, DECODE_TUNED, FRAGMENT_MAX_N, Plan, choose_vec, make_plan, max_vec
+from impls.tilelang.plan import (DECODE_MAX_ROWS, DECODE_TUNED, FRAGMENT_MAX_N, PDL_VARIANTS, Plan, choose_vec,
+                                 make_plan, max_vec, pdl_fits)
 
 # The flat buffers' lengths are bound as int64 and row offsets computed in int64 (_programs), so
 # x may span more than 2**31 elements; M, the grid and a row's column index stay int32 (a
@@ -92,15 +94,24 @@ class TileLangKernel(TileLangBackend, TileLangBackward, NormKernel):
                  m: int | None = None) -> Plan:
         return make_plan(self.variant, dtype, n, has_weight, has_bias, vec, m=m)
 
+    def pdl_plan(self, plan: Plan, m: int | None, device) -> Plan:
+        """``plan``, launched with PDL where it pays and runs: few rows (M <= DECODE_MAX_ROWS, where
+        a launch's latency is much of a call; at many rows the grid's own waves leave it nothing to
+        hide), a kernel that declares it (``pdl``), a program that has the form (PDL_VARIANTS)
+        within the registers (``pdl_fits``), and ``impls.pdl.enabled(device)``. The flag is part
+        of the plan, so a change of the switch compiles (and looks up) the other program."""
+        few = m is not None and m <= DECODE_MAX_ROWS and device is not None
+        if few and plan.variant in PDL_VARIANTS and pdl_fits(plan) and self.launches_pdl(device):
+            return dataclasses.replace(plan, pdl=True)
+        return plan
+
     def prepare(self, spec: NormSpec) -> None:
         """Compile (or load from TileLang's disk cache) the kernel ``spec`` will run, so that no
         compilation happens inside a timed region. Assumes 16-byte aligned tensors and a y
         whose row stride is N or differs from it by a multiple of 16 elements (as the
         harness's guarded outputs do); other layouts may need one more compilation at the
         first call."""
-        strides = (spec.row_stride, spec.n) if spec.rows > 1 else ()
-        vec = choose_vec(spec.dtype, spec.n, strides)
-        compiler.compile_plan(self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias, vec, spec.rows))
+        compiler.compile_plan(self.compile_key(spec))
 
     def m_thresholds(self, spec: NormSpec) -> tuple[int, ...]:
         """Few rows may take a decode plan (plan.DECODE_TUNED): another thread count."""
@@ -112,7 +123,9 @@ class TileLangKernel(TileLangBackend, TileLangBackward, NormKernel):
     def offline_builds(self) -> tuple:
         """(dtype, N, affine, M) built for sm_90 on any machine: a power of two, a padded N (vec 8
         fits) and an odd N (scalar accesses) in every dtype; no affine; long rows (splitk); the
-        register-capacity edge; every affine combination; the decode plans (M = 1)."""
+        register-capacity edge; every affine combination; the decode plans (M = 1), and for a
+        kernel that launches with PDL each 16-bit one in its PDL form too ("pdl" after M: what
+        a Hopper GPU runs)."""
         full = "weight_bias" if self.op == "layer_norm" else "weight"
         builds = [(dt, n, full, None) for dt in ("float32", "float16", "bfloat16") for n in (4096, 4000, 769)]
         builds.append(("bfloat16", 4000, "none", None))
@@ -122,8 +135,11 @@ class TileLangKernel(TileLangBackend, TileLangBackward, NormKernel):
             builds.append(("bfloat16", FRAGMENT_MAX_N, full, None))
         if self.op == "layer_norm":
             builds += [("bfloat16", 4000, "weight", None), ("bfloat16", 4000, "bias", None)]
-        builds += [("bfloat16" if size == 2 else "float32", n, full, 1)
-                   for variant, size, n in DECODE_TUNED if variant == self.variant]
+        decode = [("bfloat16" if size == 2 else "float32", n, full, 1)
+                  for variant, size, n in DECODE_TUNED if variant == self.variant]
+        builds += decode
+        if self.pdl and self.variant in PDL_VARIANTS:
+            builds += [b + ("pdl",) for b in decode if b[0] == "bfloat16"]
         return tuple(builds) + self.backward_builds()
 
     def build_offline(self, build) -> dict:
@@ -132,22 +148,25 @@ class TileLangKernel(TileLangBackend, TileLangBackward, NormKernel):
             plan = self.backward_build_plan(build)
             _, dtype, n, affine = build
         else:
-            dtype, n, affine, m = build
+            dtype, n, affine, m = build[:4]
             dt = getattr(torch, dtype)
             plan = self.plan_for(dt, n, affine in ("weight", "weight_bias"), affine in ("weight_bias", "bias"),
                                  choose_vec(dt, n), m)
+            if "pdl" in build[4:]:
+                plan = dataclasses.replace(plan, pdl=True)
         t0 = time.perf_counter()
         compiled = compiler.compile_plan(plan, compiler.SM90)
         seconds = time.perf_counter() - t0
-        return {"dtype": dtype, "n": n, "affine": affine, "vec": plan.vec, "threads": plan.threads,
+        return {"dtype": dtype, "n": n, "affine": affine, "vec": plan.vec, "threads": plan.threads, "pdl": plan.pdl,
                 "seconds": round(seconds, 2), "executed": cuda_present() and compiler.default_target() == compiler.SM90,
                 **compiler.ptxas_report(compiled).to_dict()}
 
     def compile_key(self, spec: NormSpec):
         """The plan ``prepare`` compiles: M and the strides are run-time values."""
         strides = (spec.row_stride, spec.n) if spec.rows > 1 else ()
-        return self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias,
+        plan = self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias,
                              choose_vec(spec.dtype, spec.n, strides), spec.rows)
+        return self.pdl_plan(plan, spec.rows, spec.device)
 
     def _launch_plan(self, x: torch.Tensor, y: torch.Tensor, *params) -> Plan:
         m, n = x.shape
@@ -155,7 +174,7 @@ class TileLangKernel(TileLangBackend, TileLangBackward, NormKernel):
         vec = choose_vec(x.dtype, n, strides, tuple(_align_offset(t) for t in (x, y, *params)))
         assert vec <= max_vec(x.dtype)
         weight, bias = (params + (None, None))[:2]
-        return self.plan_for(x.dtype, n, weight is not None, bias is not None, vec, m)
+        return self.pdl_plan(self.plan_for(x.dtype, n, weight is not None, bias is not None, vec, m), m, x.device)
 
     def persistent_buffers(self, x):
         return [_dummy(x.device, x.dtype)]

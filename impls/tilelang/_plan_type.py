@@ -44,6 +44,11 @@ class Plan:
     # normdiff_block_sum) instead of TileLang's AllReduce (two barriers a round, log2(threads / 32)
     # rounds); its workspace needs shared memory of its own (compiler.SLOTS_OWN_MEMORY).
     one_barrier_sum: bool = False
+    # Programmatic dependent launch (impls.pdl): the program waits (griddepcontrol.wait) before its
+    # first global load and lets the next kernel launch once its loads are issued; TileLang's
+    # runtime then launches it with the programmatic-stream-serialization attribute. The kernels
+    # set it for few rows where PDL runs (TileLangKernel.pdl_plan, fused.fused_plan).
+    pdl: bool = False
 
     @property
     def threads(self) -> int:
@@ -52,7 +57,8 @@ class Plan:
     def describe(self) -> str:
         affine = "+".join(n for n, on in (("weight", self.has_weight), ("bias", self.has_bias)) if on) or "no affine"
         return (f"tilelang.{self.variant} {self.dtype} N={self.n} ({affine}; vec {self.vec}, "
-                f"{self.threads} threads, {self.rows_per_block} row(s)/block, {self.padded} columns)")
+                f"{self.threads} threads, {self.rows_per_block} row(s)/block, {self.padded} columns"
+                f"{', PDL' if self.pdl else ''})")
 
 
 def max_vec(dtype: torch.dtype) -> int:

@@ -25,7 +25,7 @@ import tilelang.language as T
 
 from impls.tilelang._bwd_programs import norm_bwd
 from impls.tilelang._long_programs import BUILDERS as LONG_BUILDERS
-from impls.tilelang._program_parts import F32, _affine, _row_layout, _signature_sizes
+from impls.tilelang._program_parts import F32, _affine, _load_params, _params_at, _row_layout, _signature_sizes
 from impls.tilelang.plan import Plan
 
 
@@ -48,10 +48,17 @@ def rms_norm_fragment(plan: Plan):
             xr = T.alloc_fragment((R, P), dt)
             sq = T.alloc_fragment((R, P), F32)
             ss = T.alloc_fragment((R,), F32)
-            T.annotate_layout({xr: _row_layout(plan, R, P), sq: _row_layout(plan, R, P)})
+            wr = T.alloc_fragment((R, P), dt) if plan.pdl and has_w else None
+            T.annotate_layout({xr: _row_layout(plan, R, P), sq: _row_layout(plan, R, P),
+                               **({wr: _row_layout(plan, R, P)} if wr is not None else {})})
+            if plan.pdl:
+                T.pdl_sync()  # the kernel before it may still be writing x
             for r, j in T.Parallel(R, P):
                 xr[r, j] = T.if_then_else(
                     (j < N) & (bx * R + r < M), X[T.cast(bx * R + r, "int64") * sxv * vec + j], T.cast(0, dt))
+            if plan.pdl:
+                _load_params(plan, wr, None, W, None, R, P)
+                T.pdl_trigger()  # every load issued: the next kernel may launch (it waits for this one)
             for r, j in T.Parallel(R, P):
                 sq[r, j] = T.cast(xr[r, j], F32) * T.cast(xr[r, j], F32)
             T.reduce_sum(sq, ss, dim=1)
@@ -60,7 +67,8 @@ def rms_norm_fragment(plan: Plan):
             for r, j in T.Parallel(R, P):
                 if (j < N) & (bx * R + r < M):
                     Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                        _affine(T.cast(xr[r, j], F32) * ss[r], W, None, j, has_w, False), dt)
+                        _affine(T.cast(xr[r, j], F32) * ss[r], *_params_at(plan, W, None, wr, None, r, j),
+                                has_w, False), dt)
             for r in T.Parallel(R):
                 if bx * R + r < M:
                     RSTD[bx * R + r] = ss[r]
@@ -185,10 +193,18 @@ def layer_norm_fwd(plan: Plan):
             d = T.alloc_fragment((R, P), F32)
             mean = T.alloc_fragment((R,), F32)
             var = T.alloc_fragment((R,), F32)
-            T.annotate_layout({xr: _row_layout(plan, R, P), d: _row_layout(plan, R, P)})
+            wr = T.alloc_fragment((R, P), dt) if plan.pdl and has_w else None
+            br = T.alloc_fragment((R, P), dt) if plan.pdl and has_b else None
+            T.annotate_layout({xr: _row_layout(plan, R, P), d: _row_layout(plan, R, P),
+                               **{f: _row_layout(plan, R, P) for f in (wr, br) if f is not None}})
+            if plan.pdl:
+                T.pdl_sync()  # the kernel before it may still be writing x
             for r, j in T.Parallel(R, P):
                 xr[r, j] = T.if_then_else(
                     (j < N) & (bx * R + r < M), X[T.cast(bx * R + r, "int64") * sxv * vec + j], T.cast(0, dt))
+            if plan.pdl:
+                _load_params(plan, wr, br, W, B, R, P)
+                T.pdl_trigger()  # every load issued: the next kernel may launch (it waits for this one)
             for r, j in T.Parallel(R, P):
                 d[r, j] = T.cast(xr[r, j], F32)
             T.reduce_sum(d, mean, dim=1)
@@ -202,7 +218,8 @@ def layer_norm_fwd(plan: Plan):
             for r, j in T.Parallel(R, P):
                 if (j < N) & (bx * R + r < M):
                     Y[T.cast(bx * R + r, "int64") * syv * vec + j] = T.cast(
-                        _affine((T.cast(xr[r, j], F32) - mean[r]) * var[r], W, B, j, has_w, has_b), dt)
+                        _affine((T.cast(xr[r, j], F32) - mean[r]) * var[r], *_params_at(plan, W, B, wr, br, r, j),
+                                has_w, has_b), dt)
             for r in T.Parallel(R):
                 if bx * R + r < M:
                     MEAN[bx * R + r] = mean[r]

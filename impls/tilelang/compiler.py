@@ -239,6 +239,41 @@ def _cache_dir() -> Path:
     return Path(root) / "tilelang" / "ptxas"
 
 
+def ptx(compiled: Compiled) -> str:
+    """The PTX nvcc makes of the kernel's CUDA source, as ptxas_report compiles it (what the
+    instructions are: griddepcontrol for PDL, ld.global.nc where the parameters are __restrict__).
+    Cached on disk by source and arch; needs nvcc."""
+    arch = compiled.target.get("arch", "sm_90")
+    src = compiled.source()
+    digest = hashlib.sha256(f"ptx {arch}\n{src}".encode()).hexdigest()[:32]
+    path = _cache_dir() / f"{digest}.ptx"
+    if path.exists():
+        return path.read_text()
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise TileLangCompileError("nvcc not found (set CUDA_HOME or put nvcc on PATH); no PTX")
+    from tilelang.contrib import nvcc as tl_nvcc
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="normdiff-ptx-") as tmp:
+        cu, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.ptx"
+        cu.write_text(src)
+        cmd = [nvcc, "--ptx", "-O3", f"-arch={arch}", *tl_nvcc.default_compile_options(), "-o", str(out), str(cu)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise TileLangCompileError(f"nvcc failed on {compiled.plan.describe()}:\n{proc.stderr[-2000:]}")
+        text = out.read_text()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp_path.write_text(text)
+        os.replace(tmp_path, path)
+    except OSError:
+        pass
+    return text
+
+
 def ptxas_report(compiled: Compiled) -> PtxasReport:
     """Compile the kernel's CUDA source to a cubin with ``ptxas -v`` and parse its report.
     Cached on disk by source and arch; needs nvcc."""

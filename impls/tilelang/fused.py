@@ -10,86 +10,21 @@ width). Without a CUDA device the kernels compile for sm_90 (``offline_builds``)
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
-from dataclasses import dataclass
 
 import torch
 
 from impls.base import UnsupportedCase, cuda_present, dtype_name
-from impls.fused import ADD_OPS, BASE_OP, WRITES, FusedNormKernel, FusedOutputs, FusedParams, fp8_max
-from impls.gpu_limits import SM_REGISTERS, SM_THREADS, cdiv, next_pow2
+from impls.fused import ADD_OPS, BASE_OP, WRITES, FusedNormKernel, FusedOutputs, FusedParams
 from impls.registry import register
 from impls.tilelang import compiler
+# The plans and the fp8 settings (FP8_SCALES: a probe's choices) are part of this interface.
+from impls.tilelang._fused_plan import (FP8_NAMES, FP8_SCALE, FP8_SCALES, FUSED_VARIANT, ONE_READ_MAX_N,  # noqa: F401
+                                        FusedPlan, choose_out_vec, fp8_scale_argument, fused_plan)
 from impls.tilelang._kernel import TileLangBackend, _align_offset, _dummy
-from impls.tilelang.plan import MAX_THREADS, MIN_BLOCK_THREADS, SPLITK_THREADS, Plan, choose_vec
-
-FUSED_VARIANT = "fused"  # _fused_programs' builder key
-# Rows read once (held in registers) up to this N, 32 float32 values a thread at 512 threads;
-# longer rows take the two-read program. At the fragment kernel's 32768 (64 values) add_layer_norm
-# spilled (128 registers, the most 512 threads may have).
-ONE_READ_MAX_N = 16384
-# Vectors a thread holds in the one-read program (2 for short rows), as layer_norm_fwd; in each
-# segment of the two-read program (half splitk's: the segment is float32 here, and with 4 the
-# add ops took 123-132 registers, one block of 256 threads per SM).
-VECTORS, SHORT_VECTORS, SHORT_N, SEGMENT_VECTORS = 4, 2, 2048, 2
-# The fp8 outputs: torch's dtype -> TileLang's name.
-FP8_NAMES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
-
-
-def min_blocks_per_sm(threads: int, values: int, extra: int = 32) -> int:
-    """The launch bound (blocks per SM) that holds ptxas near 2 registers per float32 value a
-    thread holds plus ``extra``: under TileLang's default bound of one block it took 119 registers
-    for 32 values (add_layer_norm), 4 blocks of 128 threads per SM. The two-read program's extra
-    is 48 (its running statistics: at 32, add_layer_norm spilled 4 bytes)."""
-    budget = -(-(2 * values + extra) // 8) * 8
-    return max(1, min(SM_THREADS // threads, SM_REGISTERS // (threads * budget)))
-
-
-@dataclass(frozen=True)
-class FusedPlan(Plan):
-    """A fused kernel's plan: the op and what it adds to the plain plan. ``residual_dtype`` None:
-    no residual; ``out_dtype`` None: y in x's dtype; ``segments`` 1: the row read once."""
-
-    op: str = "add_rms_norm"
-    residual_dtype: str | None = None
-    out_dtype: str | None = None
-    weight_offset: float = 0.0
-    segments: int = 1
-
-    @property
-    def layer_norm(self) -> bool:
-        return BASE_OP[self.op] == "layer_norm"
-
-    @property
-    def fp8_max(self) -> float:
-        return fp8_max(getattr(torch, self.out_dtype))
-
-    def describe(self) -> str:
-        extras = [f"residual {self.residual_dtype}" if self.residual_dtype else "",
-                  f"weight + {self.weight_offset:g}" if self.weight_offset else "",
-                  f"y {self.out_dtype}" if self.out_dtype else "",
-                  "one read" if self.segments == 1 else f"two reads, {self.segments} segments"]
-        return super().describe().replace("tilelang.fused", f"tilelang.fused {self.op}", 1).replace(
-            "; vec", "; " + ", ".join(e for e in extras if e) + "; vec", 1)
-
-
-def fused_plan(op: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_bias: bool, vec: int,
-               residual_dtype: str | None = None, out_dtype: str | None = None,
-               weight_offset: float = 0.0) -> FusedPlan:
-    """One plan for every M (no decode plans): a row's bits never depend on what shares the call."""
-    dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
-    common = dict(op=op, residual_dtype=residual_dtype, out_dtype=out_dtype, weight_offset=float(weight_offset))
-    if n <= ONE_READ_MAX_N:
-        per_thread = VECTORS if n > SHORT_N else SHORT_VECTORS
-        tpr = min(MAX_THREADS, max(32, next_pow2(cdiv(cdiv(n, vec), per_thread))))
-        padded = cdiv(n, tpr * vec) * tpr * vec
-        rows = max(1, MIN_BLOCK_THREADS // tpr)
-        return FusedPlan(FUSED_VARIANT, dt, n, has_weight, has_bias, vec, tpr, rows, padded,
-                         min_blocks_per_sm(tpr * rows, padded // tpr), **common)
-    seg = SPLITK_THREADS * vec * SEGMENT_VECTORS
-    return FusedPlan(FUSED_VARIANT, dt, n, has_weight, has_bias, vec, SPLITK_THREADS, 1, seg,
-                     min_blocks_per_sm(SPLITK_THREADS, vec * SEGMENT_VECTORS, 48), segments=cdiv(n, seg), **common)
+from impls.tilelang.plan import DECODE_MAX_ROWS, choose_vec
 
 
 def _compile(plan: FusedPlan, target: dict | None = None) -> compiler.Compiled:
@@ -110,42 +45,72 @@ class _TileLangFused(TileLangBackend, FusedNormKernel):
     residual_dtypes = ("same", "float32")
     scale_convention = "divide"
     fp8_nan = "nan"  # the clamp compares (NaN passes through), and cvt.satfinite keeps NaN
-    batch_invariant = True  # one plan for every M; each row reduced by its own threads
+    # Each row reduced by its own threads, as many and in the same order at every M: the decode
+    # rule (few rows) changes only the rows a block takes, the launch bound and PDL (m_thresholds).
+    batch_invariant = True
+    # Few rows read once launch with PDL where it runs (impls.pdl; fused_plan's decode rule).
+    pdl = True
     source = "impls/tilelang/_fused_programs.py"
+    # fused_plan's keyword settings over the rules for every plan this kernel makes: out_vec (the
+    # widest an fp8 y may take; narrower where its layout needs), fp8_scale, threads_per_row,
+    # min_blocks, pdl (over the switch: True compiles the PDL form, which needs sm_90). Empty for
+    # the registered kernels; a probe sets them on an instance of its own.
+    plan_settings: dict = {}
 
     def unsupported(self, spec) -> str | None:
         return self.beyond_grid(spec) or super().unsupported(spec)  # the grid's limit holds on any machine
 
     # -- planning and compiling ----------------------------------------------------------
     def plan_for(self, dtype, n: int, has_weight: bool, has_bias: bool, vec: int, residual_dtype=None,
-                 out_dtype=None, weight_offset: float = 0.0) -> FusedPlan:
+                 out_dtype=None, weight_offset: float = 0.0, m: int | None = None, device=None,
+                 out_vec: int | None = None) -> FusedPlan:
+        """The plan for M rows (None: many) on ``device``: PDL where few rows launch with it there
+        (None: no PDL); ``out_vec``: the widest an fp8 y's layout allows (None: a contiguous,
+        aligned y's); ``plan_settings`` over all."""
         if self.op in ADD_OPS and residual_dtype is None:
             residual_dtype = dtype
         name = lambda d: None if d is None else (d if isinstance(d, str) else dtype_name(d))  # noqa: E731
         out = FP8_NAMES.get(out_dtype, out_dtype) if out_dtype is not None else None
+        settings = dict(self.plan_settings)
+        few = m is not None and m <= DECODE_MAX_ROWS
+        use_pdl = settings.pop("pdl", None)
+        if use_pdl is None:
+            use_pdl = few and device is not None and self.launches_pdl(device)
+        widest = settings.pop("out_vec", None)
+        if out_dtype is not None:
+            out_vec = min(v for v in (out_vec, widest, choose_out_vec(n)) if v)
         return fused_plan(self.op, dtype, n, has_weight, has_bias and self.op != "rms_norm", vec,
-                          name(residual_dtype) if self.op in ADD_OPS else None, name(out), weight_offset)
+                          name(residual_dtype) if self.op in ADD_OPS else None, name(out), weight_offset,
+                          m=m, pdl=use_pdl, out_vec=out_vec, **settings)
 
-    def _spec_plan(self, spec) -> FusedPlan:
-        """The plan of a problem with contiguous, 16-byte aligned tensors (the harness's)."""
+    def _spec_plan(self, spec, m: int | None, device=None) -> FusedPlan:
+        """The plan of a problem with contiguous, 16-byte aligned tensors (the harness's), for M
+        rows on ``device`` (None: no PDL)."""
         strides = (spec.row_stride, spec.n) if spec.rows > 1 else ()
         return self.plan_for(spec.dtype, spec.n, spec.has_weight, spec.has_bias,
                              choose_vec(spec.dtype, spec.n, strides), getattr(spec, "residual_dtype", None),
-                             getattr(spec, "out_dtype", None), getattr(spec, "weight_offset", 0.0))
+                             getattr(spec, "out_dtype", None), getattr(spec, "weight_offset", 0.0), m, device,
+                             choose_out_vec(spec.n, strides[1:]))
 
     def prepare(self, spec) -> None:
         """Compile (or load from TileLang's disk cache) ahead of a timed region."""
-        _compile(self._spec_plan(spec))
+        _compile(self.compile_key(spec))
 
     def compile_key(self, spec):
-        return self._spec_plan(spec)
+        return self._spec_plan(spec, spec.rows, spec.device)
+
+    def m_thresholds(self, spec) -> tuple[int, ...]:
+        """Few rows read once take the decode rule (fused_plan): another launch, the same bits."""
+        return (DECODE_MAX_ROWS,) if self._spec_plan(spec, 1) != self._spec_plan(spec, None) else ()
 
     def offline_builds(self) -> tuple:
         """(dtype, N, residual, out dtype, weight offset, write) built for sm_90 on any machine:
         a power of two in every dtype, an odd N (scalar accesses), the one-read capacity edge, long
         rows (two reads, an odd N among them), and the op's own: a float32 residual, fp8 output,
         offset 1, in place (the same program as "new": the build checks that it reads before it
-        writes)."""
+        writes); and the decode rule's PDL form ("decode_pdl" after the write: what a Hopper GPU
+        runs for few rows), with an fp8 y for the ops without a residual (their call besides the
+        offset)."""
         add = self.op in ADD_OPS
         r = "same" if add else None
         b = [(dt, 4096, r, None, 0.0, "new") for dt in ("float32", "float16", "bfloat16")]
@@ -159,13 +124,19 @@ class _TileLangFused(TileLangBackend, FusedNormKernel):
                   ("bfloat16", 65536, r, "float8_e4m3fn", 0.0, "new"), ("float32", 4096, r, "float8_e5m2", 0.0, "new")]
         if 1.0 in self.weight_offsets:
             b += [("bfloat16", 4096, r, None, 1.0, "new")]
+        fp8 = "float8_e4m3fn" if not add and torch.float8_e4m3fn in self.out_dtypes else None
+        b += [("bfloat16", 4096, r, fp8, 0.0, "new", "decode_pdl")]
         return tuple(b)
 
     def build_plan(self, build) -> FusedPlan:
-        dtype, n, residual, out, offset, _write = build
+        """The plan of one of ``offline_builds`` ("decode_pdl": one row's plan, in its PDL form)."""
+        dtype, n, residual, out, offset, _write = build[:6]
         dt = getattr(torch, dtype)
         rdt = None if residual is None else (dtype if residual == "same" else residual)
-        return self.plan_for(dt, n, True, BASE_OP[self.op] == "layer_norm", choose_vec(dt, n), rdt, out, offset)
+        decode = "decode_pdl" in build[6:]
+        plan = self.plan_for(dt, n, True, BASE_OP[self.op] == "layer_norm", choose_vec(dt, n), rdt, out, offset,
+                             m=1 if decode else None)
+        return dataclasses.replace(plan, pdl=True) if decode else plan
 
     def build_offline(self, build) -> dict:
         self.offline_tools()
@@ -173,14 +144,14 @@ class _TileLangFused(TileLangBackend, FusedNormKernel):
         t0 = time.perf_counter()
         compiled = _compile(plan, compiler.SM90)
         seconds = time.perf_counter() - t0
-        if build[-1] == "in_place":
+        dtype, n, residual, out, offset, write = build[:6]
+        if write == "in_place":
             bad = stores_before_loads(compiled.source())
             if bad:
                 raise AssertionError(f"{plan.describe()} in place: a store before the loads of its row: {bad}")
-        dtype, n, residual, out, offset, write = build
         return {"dtype": dtype, "n": n, "residual": residual, "out_dtype": out, "weight_offset": offset,
                 "write": write, "vec": plan.vec, "threads": plan.threads, "segments": plan.segments,
-                "seconds": round(seconds, 2),
+                "out_vec": plan.out_vec, "pdl": plan.pdl, "seconds": round(seconds, 2),
                 "executed": cuda_present() and compiler.default_target() == compiler.SM90,
                 **compiler.ptxas_report(compiled).to_dict()}
 
@@ -190,10 +161,22 @@ class _TileLangFused(TileLangBackend, FusedNormKernel):
         rows = [x, out.y] + ([residual, out.residual_out] if residual is not None else [])
         strides = tuple(t.stride(0) for t in rows) if m > 1 else ()
         vec = choose_vec(x.dtype, n, strides, tuple(_align_offset(t) for t in (*rows, weight, bias)))
+        out_vec = None
+        if params.out_dtype is not None:  # y's own vector: its stride and offset in bytes
+            out_vec = choose_out_vec(n, (out.y.stride(0),) if m > 1 else (), (_align_offset(out.y),))
         plan = self.plan_for(x.dtype, n, weight is not None, bias is not None, vec,
-                             None if residual is None else residual.dtype, params.out_dtype, params.weight_offset)
+                             None if residual is None else residual.dtype, params.out_dtype, params.weight_offset,
+                             m, x.device, out_vec)
+        self._launch(plan, x, residual, weight, bias, eps, params, out)
+
+    def _launch(self, plan: FusedPlan, x, residual, weight, bias, eps: float, params: FusedParams,
+                out: FusedOutputs) -> None:
+        """Launch ``plan``'s kernel on 2-D rows (``_forward``'s, or a probe's plan for the same
+        tensors: its vectors must divide their strides and offsets)."""
         compiled = _compile(plan)
-        step = lambda t: t.stride(0) // vec if m > 1 else 0  # noqa: E731  (row strides in vectors)
+        m = x.shape[0]
+        vec = plan.vec
+        step = lambda t, v=vec: t.stride(0) // v if m > 1 else 0  # noqa: E731  (row strides in vectors)
         dummy = _dummy(x.device, x.dtype)
         ln = plan.layer_norm
         args = [_flat(x)]
@@ -208,9 +191,9 @@ class _TileLangFused(TileLangBackend, FusedNormKernel):
         if ln:
             args.append(out.mean)
         args.append(out.rstd)
-        args += [step(x)] + ([step(residual)] if residual is not None else []) + [step(out.y)]
+        args += [step(x)] + ([step(residual)] if residual is not None else []) + [step(out.y, plan.out_vec or vec)]
         args += [step(out.residual_out)] if residual is not None else []
-        args += [float(eps), float(params.scale) if params.out_dtype is not None else 1.0]
+        args += [float(eps), fp8_scale_argument(plan, params.scale)]
         with torch.cuda.device(x.device):
             compiled.kernel(*args)
 

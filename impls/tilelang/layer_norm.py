@@ -12,6 +12,7 @@ class TileLangLayerNormFwd(TileLangKernel):
     op = "layer_norm"
     variant = "layer_norm_fwd"
     batch_invariant = False  # few rows may take a decode plan (m_thresholds)
+    pdl = True  # few rows of at most FRAGMENT_MAX_N launch with PDL where it runs (TileLangKernel.pdl_plan)
     outputs = ("y", "mean", "rstd")
     # Any N: rows beyond FRAGMENT_MAX_N take the two-pass plan (plan.make_plan); one plan per N
     # for every M there, and every reduction in a fixed order (deterministic).

@@ -49,6 +49,10 @@ TUNED = {k: (tpr, mb or None) for k, (tpr, mb) in
 # that N.
 DECODE_MAX_ROWS = 128
 DECODE_TUNED = tuned.table(TUNED_FILE, "decode", ("variant", "bytes", "n"), "threads_per_row")
+# The programs with a PDL form (Plan.pdl): the row read once, its weight and bias loaded with it.
+# layer_norm_fwd's rows beyond FRAGMENT_MAX_N take layer_norm_long, which has none.
+PDL_VARIANTS = ("fragment", "layer_norm_fwd")
+THREAD_REGISTERS = 255  # the most a thread may have
 
 
 def choose_vec(dtype: torch.dtype, n: int, strides: tuple[int, ...] = (), offsets: tuple[int, ...] = ()) -> int:
@@ -98,6 +102,17 @@ def make_plan(variant: str, dtype: torch.dtype | str, n: int, has_weight: bool, 
     if variant in CLUSTER_VARIANTS:
         return cluster_plan(variant, dt, n, has_weight, has_bias, vec)
     raise ValueError(f"unknown tilelang variant {variant!r}")
+
+
+def pdl_fits(plan: Plan) -> bool:
+    """Whether a plan's PDL form fits a thread's registers: it holds the weight and bias (in x's
+    dtype) beside the row and its float32 squares, 32-bit words per thread within what a thread
+    of the block may have. At sm_90 the forms that fit built spill-free; bfloat16 layer_norm_fwd
+    at N = 16384 (128 values a thread) and float32 at 32768 (64 values, 512 threads) spilled."""
+    values = plan.padded // plan.threads_per_row
+    size = getattr(torch, plan.dtype).itemsize
+    words = values * (1 + plan.has_weight + plan.has_bias) * size // 4 + values
+    return words <= min(THREAD_REGISTERS, SM_REGISTERS // plan.threads)
 
 
 def vectors_per_thread(plan: Plan) -> int:

@@ -30,6 +30,7 @@ class TileLangRMSNormFragment(_TileLangRMSNorm):
 
     variant = "fragment"
     batch_invariant = False  # few rows may take a decode plan (m_thresholds)
+    pdl = True  # few rows launch with PDL where it runs (TileLangKernel.pdl_plan)
     max_n = FRAGMENT_MAX_N
     capacity = "register"
     longer_rows_by = "tilelang.splitk"
