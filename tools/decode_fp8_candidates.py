@@ -8,8 +8,9 @@ float64 oracle before it is timed (harness.benchmarks), and so the checks can ru
 Each candidate is a registered project kernel with one choice changed, under backend
 ``probe_<choice>`` and the kernel's own variant (so its rows sit beside the kernel's):
 
-- ``probe_div``: the fp8 output divided by the scale per element (tl.div_rn), the form before the
-  reciprocal taken once;
+- ``probe_div`` (Triton), ``probe_tldiv`` (TileLang): the fp8 output divided by the scale per
+  element (tl.div_rn, div.rn), the form before the reciprocal taken once;
+- ``probe_tlvec8``: TileLang's fp8 output stored 8 bytes a vector, not 16;
 - ``probe_nodecode``: the fused kernels with the many-row setting at decode (no decode rule);
 - ``probe_w2`` / ``probe_w4`` / ``probe_w16``: the decode (and fp8) setting with 2, 4 or 16 warps.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from impls import registry
+from impls.tilelang.fused import TileLangAddRMSNorm, TileLangRMSNormFused
 from impls.triton.fused import TritonAddLayerNorm, TritonAddRMSNorm, TritonRMSNormFused
 from impls.triton.rms_norm import TritonRMSNormRowwise
 
@@ -45,6 +47,9 @@ def _no_decode(self, n, dtype, m=None):
 
 for _base in (TritonRMSNormFused, TritonAddRMSNorm):
     _candidate(_base, "probe_div", "fp8 y / scale per element", fp8_recip=False)
+for _base in (TileLangRMSNormFused, TileLangAddRMSNorm):
+    _candidate(_base, "probe_tldiv", "fp8 y / scale per element", plan_settings={"fp8_scale": "divide"})
+    _candidate(_base, "probe_tlvec8", "fp8 y stored 8 bytes a vector", plan_settings={"out_vec": 8})
 for _base in (TritonAddRMSNorm, TritonAddLayerNorm):
     _candidate(_base, "probe_nodecode", "the many-row setting at decode", config=_no_decode, pdl=False)
 for _warps in (2, 4, 16):

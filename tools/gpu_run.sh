@@ -141,6 +141,29 @@ fused)
   echo "fused: exit $?, wall $((SECONDS - start)) s" | tee -a "$out/fused.log"
   tail -n 12 "$out/fused.log"
   ;;
+probe)  # the decode and fp8 candidates (tools/decode_fp8_candidates.py) beside the kernels, one pass;
+  # first the PDL tests that need a card (the dependent-launch check, its planted kernel, the native replay)
+  start=$SECONDS
+  if [[ ${GPU_RUN_DRY:-0} == 0 && -f .devdeps/gpu-site.tar.xz && ! -d /tmp/site/tilelang ]]; then
+    mkdir -p /tmp/site && tar -C /tmp/site -xJf .devdeps/gpu-site.tar.xz; echo "probe: gpu-site unpacked, exit $?"
+    export PYTHONPATH=$PWD:/tmp/site${ORIG_PYTHONPATH:+:$ORIG_PYTHONPATH}
+  fi
+  cand=(--backend-file tools/decode_fp8_candidates.py)
+  pt "${PROBE_TESTS_TIMEOUT:-150}" ${PROBE_TESTS:-tests/test_dependent_launch.py tests/test_native_pdl.py tests/test_tilelang_pdl.py} \
+     -n 0 -rs > "$out/probe-tests.log" 2>&1
+  echo "probe tests: exit $?, $((SECONDS - start)) s"; tail -n 4 "$out/probe-tests.log"
+  pt 120 harness/test_dependent_launch.py --backend "${PROBE_BACKENDS:-triton,tilelang,probe_*}" "${cand[@]}" \
+     --report-dir="$out/probe-pdl" > "$out/probe-pdl.log" 2>&1
+  echo "probe dependent-launch checks: exit $?, $((SECONDS - start)) s"; tail -n 2 "$out/probe-pdl.log"
+  [[ ${GPU_RUN_DRY:-0} == 1 ]] ||
+    timeout 100 python -m harness.warm --bench --profile full --backend "${PROBE_BACKENDS:-triton,tilelang,probe_*}" \
+      "${cand[@]}" --jobs "$jobs" > "$out/probe-warm.log" 2>&1
+  pt "${PROBE_TIMEOUT:-300}" benchmarks --benchmark-only --profile full --bench-set headline --bench-repeat 1 \
+     --backend "${PROBE_BACKENDS:-triton,tilelang,probe_*},torch,liger" "${cand[@]}" "${liger[@]}" \
+     -k "${PROBE_K:-e4m3 or 1x4096 or 64x4096 or 1x8192 or 64x8192}" --report-dir="$out/probe" ${PROBE_ARGS:-} \
+     > "$out/probe.log" 2>&1
+  echo "probe: exit $?, wall $((SECONDS - start)) s"; tail -n 3 "$out/probe.log"
+  ;;
 tests)
   pt "${TESTS_TIMEOUT:-300}" tests -n 0 > "$out/tests.log" 2>&1; tail -n 3 "$out/tests.log"
   ;;
@@ -181,5 +204,5 @@ longprobe)
     done
   done
   ;;
-*) echo "usage: tools/gpu_run.sh verify|verify-dry|verify-checks|verify-memory|verify-peers|verify-bench|setup|peers|fused|checks|memory|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
+*) echo "usage: tools/gpu_run.sh verify|verify-dry|verify-checks|verify-memory|verify-peers|verify-bench|setup|peers|fused|checks|memory|probe|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
 esac
