@@ -4,8 +4,12 @@
 
 It registers backend "flashinfer", variant ``default``: ``flashinfer.norm.rmsnorm(x, weight, eps)``
 and ``flashinfer.norm.layernorm(x, gamma, beta, eps)``, the entry points vLLM and SGLang call, on
-FlashInfer's default path with its own launch choices (programmatic dependent launch where the GPU
-has it, its cluster and vector plan by N). ``flashinfer`` is imported on first use, so this file
+FlashInfer's default path with its own launch choices (its cluster and vector plan by N) but
+programmatic dependent launch: each call that takes ``enable_pdl`` is given the project's switch,
+``impls.pdl.enabled(x.device)``, so the benchmarks time FlashInfer with PDL on and off as they do
+the project's kernels (those kernels declare ``pdl = True``; a repro passes ``_enable_pdl``, the
+same rule without normdiff). FlashInfer's own default (None) is that rule less the switch: PDL
+where the GPU has it (api.py:686-687). ``flashinfer`` is imported on first use, so this file
 loads, and its kernels register (skipped with the reason), where FlashInfer is missing. Written
 against flashinfer-python 0.7.2.post1 with nvidia-cutlass-dsl 4.7.1. Line numbers are of that
 wheel's files: api.py stands for flashinfer/norm/__init__.py, rms.py for
@@ -21,7 +25,7 @@ way; its note (the report's backend line, the doctor) says which path the proces
 Declarations, each with its source:
 - devices: CUDA only (CuTe DSL or nvcc-compiled CUDA kernels).
 - RMSNorm ``rmsnorm`` (api.py:641-675): out = empty_like(input) (api.py:673), then
-  ``rmsnorm_cute`` (api.py:696), launched with PDL where the GPU has it (api.py:686-687).
+  ``rmsnorm_cute`` (api.py:696), launched with PDL as ``enable_pdl`` says (api.py:686-687).
   - dtypes: float16 and bfloat16. Its CUDA kernels dispatch those two only
     (DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16, norm.cu:44) and its tests run 16-bit inputs; float32
     is refused with that reason (the CuTe DSL kernel compiles it: not FlashInfer's contract, so
@@ -39,7 +43,7 @@ Declarations, each with its source:
   - no N limit in the source: rows beyond one block's shared memory span a cluster of up to 16
     blocks (``_compute_cluster_n``, rms.py:107-123).
 - LayerNorm ``layernorm`` (api.py:1089-1119): out = empty_like(input) (api.py:1114), then
-  ``layernorm_cute`` (api.py:1118).
+  ``layernorm_cute`` (api.py:1118). It takes no ``enable_pdl``: no PDL declared, timed once.
   - dtypes: bfloat16 only ("Need to be bfloat16", api.py:1101; its CUDA kernel checks "input must
     be bfloat16", norm.cu:330).
   - gamma and beta both required, float32 (api.py:1103-1105; norm.cu:331-332): the caller's
@@ -73,6 +77,7 @@ import shutil
 
 import torch
 
+from impls import pdl
 from impls.base import NormKernel, NormOutputs, NormSpec, OptionalImport, ReproCall, UnsupportedCase, cuda_present
 from impls.fused import FP8_DTYPES, FusedNormKernel, FusedOutputs, FusedParams
 from impls.registry import register
@@ -119,10 +124,18 @@ def as_flashinfer_takes(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return t.clone(memory_format=torch.contiguous_format)
 
 
+def _enable_pdl(device) -> bool:
+    """``enable_pdl`` in a repro, which runs without normdiff: the rule of ``pdl.enabled``, what the
+    plug-in passes (a CUDA device of compute capability 9.0 or more, NORMDIFF_PDL not 0)."""
+    device = torch.device(device)
+    return (os.environ.get("NORMDIFF_PDL", "1") != "0" and device.type == "cuda"
+            and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (9, 0))
+
+
 def repro_call(kernel) -> ReproCall:
     """A standalone repro (python -m harness.repro): flashinfer.norm called as the plug-in calls it
     (each class's repro_forward), with the helpers that make its layout copied in."""
-    helpers = [vector, as_flashinfer_takes, _f32, _misfit, _take_rows, _into, _scale_tensor, _weight16]
+    helpers = [vector, as_flashinfer_takes, _f32, _misfit, _take_rows, _into, _scale_tensor, _weight16, _enable_pdl]
     return ReproCall(
         imports='import functools\nimport importlib\n\nflashinfer_norm = importlib.import_module("flashinfer.norm")',
         source=REPRO_UNSUPPORTED + "\n\n\n" + source_of(*helpers), forward=kernel.repro_forward,
@@ -179,19 +192,20 @@ class _FlashInfer(NormKernel):
         n = x.shape[-1]
         return as_flashinfer_takes(x, n), as_flashinfer_takes(weight, n), as_flashinfer_takes(bias, n)
 
-    def _entry(self, x, weight, bias, eps: float) -> torch.Tensor:
+    def _entry(self, x, weight, bias, eps: float, enable_pdl: bool) -> torch.Tensor:
         raise NotImplementedError
 
     def _call(self, x, weight, bias, eps):
-        return self._entry(*self._inputs(x, weight, bias), eps)
+        return self._entry(*self._inputs(x, weight, bias), eps, pdl.enabled(x.device))
 
+    # The switch is read once per callable: a benchmark sets it for the whole of its timing.
     def bench_callable(self, x, weight, bias, eps, out):
-        args = self._inputs(x, weight, bias)
-        return lambda: self._entry(*args, eps)
+        args, on = self._inputs(x, weight, bias), pdl.enabled(x.device)
+        return lambda: self._entry(*args, eps, on)
 
     def user_call(self, x, weight, bias, eps):
-        args = self._inputs(x, weight, bias)
-        return self.call_name, lambda: self._entry(*args, eps)
+        args, on = self._inputs(x, weight, bias), pdl.enabled(x.device)
+        return self.call_name, lambda: self._entry(*args, eps, on)
 
     def _forward(self, x, weight, bias, eps, out: NormOutputs) -> None:
         out.y.copy_(self._call(x, weight, bias, eps).view(out.y.shape))
@@ -221,6 +235,7 @@ class _FlashInfer(NormKernel):
 class FlashInferRMSNorm(_FlashInfer):
     op = "rms_norm"
     dtypes = (torch.float16, torch.bfloat16)
+    pdl = True  # enable_pdl (api.py:686-687)
     call_name = "flashinfer.norm.rmsnorm(x, weight, eps)"
 
     def unsupported(self, spec: NormSpec) -> str | None:
@@ -231,10 +246,10 @@ class FlashInferRMSNorm(_FlashInfer):
             return "flashinfer's rmsnorm needs a weight (no entry point without one)"
         return None
 
-    def _entry(self, x, weight, bias, eps):
-        return _norm().rmsnorm(x, weight, eps)
+    def _entry(self, x, weight, bias, eps, enable_pdl):
+        return _norm().rmsnorm(x, weight, eps, enable_pdl=enable_pdl)
 
-    repro_entry = "flashinfer_norm.rmsnorm(x, weight, eps)"
+    repro_entry = "flashinfer_norm.rmsnorm(x, weight, eps, enable_pdl=_enable_pdl(x.device))"
 
 
 def _f32(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
@@ -259,7 +274,7 @@ class FlashInferLayerNorm(_FlashInfer):
         n = x.shape[-1]
         return as_flashinfer_takes(x, n), _f32(weight, n), _f32(bias, n)
 
-    def _entry(self, x, weight, bias, eps):
+    def _entry(self, x, weight, bias, eps, enable_pdl):  # layernorm takes no enable_pdl
         return _norm().layernorm(x, weight, bias, eps)
 
     repro_inputs = "x, weight, bias = as_flashinfer_takes(x, n), _f32(weight, n), _f32(bias, n)"
@@ -459,21 +474,22 @@ class _FlashInferAddInPlace(_FlashInferFused):
     outputs = ("y", "residual_out")
     writes = ("in_place",)  # residual += x, then x = norm(residual) * w: both in place (api.py:768)
     stats_on = "float32_sum"
+    pdl = True  # enable_pdl
 
     def _forward(self, x, residual, weight, bias, eps, params: FusedParams, out: FusedOutputs) -> None:
         _take_rows(x.shape[-1], x.dtype, {}, {"x": x, "residual": residual})  # both written in place
-        getattr(_norm(), self.entry)(x, residual, self._weight(weight), eps)
+        getattr(_norm(), self.entry)(x, residual, self._weight(weight), eps, enable_pdl=pdl.enabled(x.device))
 
     def bench_fused_callable(self, x, residual, weight, bias, eps, params, out):
         """The library's call alone (the benchmark's rows fit its layout, checked once here)."""
         _take_rows(x.shape[-1], x.dtype, {}, {"x": x, "residual": residual})
-        fn, w = getattr(_norm(), self.entry), self._weight(weight)
-        return lambda: fn(x, residual, w, eps)
+        fn, w, on = getattr(_norm(), self.entry), self._weight(weight), pdl.enabled(x.device)
+        return lambda: fn(x, residual, w, eps, enable_pdl=on)
 
     @property
     def repro_forward(self) -> str:
         return ('_take_rows(x.shape[-1], x.dtype, {}, {"x": x, "residual": residual})  # both written in place\n'
-                f"flashinfer_norm.{self.entry}(x, residual, _weight16(weight), eps)")
+                f"flashinfer_norm.{self.entry}(x, residual, _weight16(weight), eps, enable_pdl=_enable_pdl(x.device))")
 
 
 @register
@@ -506,6 +522,7 @@ class FlashInferFusedAddRMSNormQuant(_FlashInferFp8):
     # "input[i] = ..." at api.py:838 is not what the kernels do: see the notes above).
     writes = ("out_y",)
     stats_on = "float32_sum"
+    pdl = True  # enable_pdl
     entry = "fused_add_rmsnorm_quant"
     call_name = "flashinfer.norm.fused_add_rmsnorm_quant(out, x, residual, weight, scale, eps)"
     source = ("flashinfer/norm/__init__.py:819-877 (mutates_args=('out', 'residual') :821); "
@@ -516,19 +533,22 @@ class FlashInferFusedAddRMSNormQuant(_FlashInferFp8):
     def _forward(self, x, residual, weight, bias, eps, params: FusedParams, out: FusedOutputs) -> None:
         read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {"residual": residual}, out.y)
         _norm().fused_add_rmsnorm_quant(y, read["x"], residual, self._weight(weight),
-                                        _scale_tensor(float(params.scale), str(x.device)), eps)
+                                        _scale_tensor(float(params.scale), str(x.device)), eps,
+                                        enable_pdl=pdl.enabled(x.device))
         _into(out.y, y)
 
     def bench_fused_callable(self, x, residual, weight, bias, eps, params, out):
         """The library's call alone, its scale tensor made once (a model keeps it on the device)."""
         read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {"residual": residual}, out.y)
         fn, w, scale = _norm().fused_add_rmsnorm_quant, self._weight(weight), _scale_tensor(float(params.scale), str(x.device))
-        return lambda: fn(y, read["x"], residual, w, scale, eps)
+        on = pdl.enabled(x.device)
+        return lambda: fn(y, read["x"], residual, w, scale, eps, enable_pdl=on)
 
     repro_forward = """
 read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {"residual": residual}, out.y)
 flashinfer_norm.fused_add_rmsnorm_quant(y, read["x"], residual, _weight16(weight),
-                                        _scale_tensor(float(params.scale), str(x.device)), eps)
+                                        _scale_tensor(float(params.scale), str(x.device)), eps,
+                                        enable_pdl=_enable_pdl(x.device))
 _into(out.y, y)
 """
 
@@ -538,6 +558,7 @@ class FlashInferGemmaRMSNorm(_FlashInferFused):
     op = "rms_norm"
     variant = "gemma"
     weight_offsets = (1.0,)  # x * rstd * (w + 1), w + 1 in float32 (api.py:972, :1017-1018; rms.py:406)
+    pdl = True  # enable_pdl
     entry = "gemma_rmsnorm"
     call_name = "flashinfer.norm.gemma_rmsnorm(x, weight, eps, out=out)"
     source = ("flashinfer/norm/__init__.py:962-1020 (rmsnorm_cute with weight_bias=1.0 :1017-1018); "
@@ -546,17 +567,17 @@ class FlashInferGemmaRMSNorm(_FlashInferFused):
 
     def _forward(self, x, residual, weight, bias, eps, params: FusedParams, out: FusedOutputs) -> None:
         read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
-        _norm().gemma_rmsnorm(read["x"], self._weight(weight), eps, out=y)
+        _norm().gemma_rmsnorm(read["x"], self._weight(weight), eps, out=y, enable_pdl=pdl.enabled(x.device))
         _into(out.y, y)
 
     def bench_fused_callable(self, x, residual, weight, bias, eps, params, out):
         read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
-        fn, w = _norm().gemma_rmsnorm, self._weight(weight)
-        return lambda: fn(read["x"], w, eps, out=y)
+        fn, w, on = _norm().gemma_rmsnorm, self._weight(weight), pdl.enabled(x.device)
+        return lambda: fn(read["x"], w, eps, out=y, enable_pdl=on)
 
     repro_forward = """
 read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
-flashinfer_norm.gemma_rmsnorm(read["x"], _weight16(weight), eps, out=y)
+flashinfer_norm.gemma_rmsnorm(read["x"], _weight16(weight), eps, out=y, enable_pdl=_enable_pdl(x.device))
 _into(out.y, y)
 """
 
@@ -565,6 +586,7 @@ _into(out.y, y)
 class FlashInferRMSNormQuant(_FlashInferFp8):
     op = "rms_norm"
     variant = "quant"
+    pdl = True  # enable_pdl
     entry = "rmsnorm_quant"
     call_name = "flashinfer.norm.rmsnorm_quant(out, x, weight, scale, eps)"
     source = ("flashinfer/norm/__init__.py:712-753 (mutates_args=('out',) :713; its formula :724 omits the "
@@ -575,18 +597,20 @@ class FlashInferRMSNormQuant(_FlashInferFp8):
     def _forward(self, x, residual, weight, bias, eps, params: FusedParams, out: FusedOutputs) -> None:
         read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
         _norm().rmsnorm_quant(y, read["x"], self._weight(weight), _scale_tensor(float(params.scale), str(x.device)),
-                              eps)
+                              eps, enable_pdl=pdl.enabled(x.device))
         _into(out.y, y)
 
     def bench_fused_callable(self, x, residual, weight, bias, eps, params, out):
         """The library's call alone, its scale tensor made once (a model keeps it on the device)."""
         read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
         fn, w, scale = _norm().rmsnorm_quant, self._weight(weight), _scale_tensor(float(params.scale), str(x.device))
-        return lambda: fn(y, read["x"], w, scale, eps)
+        on = pdl.enabled(x.device)
+        return lambda: fn(y, read["x"], w, scale, eps, enable_pdl=on)
 
     repro_forward = """
 read, y = _take_rows(x.shape[-1], x.dtype, {"x": x}, {}, out.y)
-flashinfer_norm.rmsnorm_quant(y, read["x"], _weight16(weight), _scale_tensor(float(params.scale), str(x.device)), eps)
+flashinfer_norm.rmsnorm_quant(y, read["x"], _weight16(weight), _scale_tensor(float(params.scale), str(x.device)), eps,
+                              enable_pdl=_enable_pdl(x.device))
 _into(out.y, y)
 """
 
@@ -621,7 +645,7 @@ class FlashInferLayerNormQuant(_FlashInferFp8):
     op = "layer_norm"
     variant = "layernorm_quant"
     dtypes = (torch.bfloat16,)
-    jit_only = True
+    jit_only = True  # and no enable_pdl: no PDL declared
     entry = "layernorm_quant"
     call_name = "flashinfer.norm.layernorm_quant(out, x, gamma_f32, beta_f32, scale, eps)"
     source = ("flashinfer/norm/__init__.py:1133-1167 (CUDA JIT only :1166-1167); flashinfer/data/csrc/norm.cu:345-392; "

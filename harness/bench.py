@@ -21,6 +21,12 @@ Each benchmark, in order:
    baseline kernel (``--bench-baseline``, timed first in each group) and how it was timed into
    ``benchmark.extra_info``, so all of it is in pytest-benchmark's JSON.
 
+Programmatic dependent launch (``impls.pdl``): at decode a kernel that declares it can launch with
+PDL is timed twice, ids ``...-pdl`` and ``...-nopdl``, everything from ``prepare`` on under
+``pdl.forced(on)``; a PDL-on timing where PDL cannot run (``pdl.unavailable``, or NORMDIFF_PDL=0)
+is skipped with that reason, never run as off. Every other benchmark is timed once as the kernel
+launches by default. Each forward row records ``pdl``: whether the timed calls launched with it.
+
 At the end of the session (and every ``PARTIAL_REPORT_S`` during it, so a run killed by a timeout
 leaves a report) pytest-benchmark's own JSON document, with a ``normdiff`` section added (skips,
 failures, environment, ceiling), is written to ``<report-dir>/benchmark.json`` and rendered by
@@ -37,6 +43,8 @@ regime in harness.benchmarks.bench_backward; this module holds the options and t
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -50,6 +58,7 @@ from harness.running.isolation import first_line
 from harness.running.memory_watch import retryable_oom
 from harness.judging.runner import device_for
 from harness.judging.shapes import HEADLINE_DTYPES
+from impls import pdl
 
 CONTEXT = pytest.StashKey[BenchContext]()
 
@@ -113,7 +122,8 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
         if why:
             pytest.skip(why)
     try:
-        return family(item.kernel.family).run_bench(item, benchmark, ctx)
+        with launch(item, device_for(item.kernel), benchmark.extra_info):
+            return family(item.kernel.family).run_bench(item, benchmark, ctx)
     except Exception as exc:
         if not retryable_oom(exc):
             raise
@@ -125,4 +135,27 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
     pytest.skip(f"{memory.OOM}{message}{budget}; not a result of the kernel's")
 
 
-__all__ = ["run_benchmark"]
+def pdl_refusal(device) -> str | None:
+    """Why a PDL-on timing cannot run on ``device`` here, else None: PDL cannot launch there, or
+    the process turned it off (NORMDIFF_PDL=0 holds for the benchmarks too)."""
+    why = pdl.unavailable(device)
+    if why is None and not pdl.switched_on():
+        why = f"{pdl.ENV}=0: PDL is off for this process"
+    return why and f"PDL on: {why}"
+
+
+@contextlib.contextmanager
+def launch(item: BenchItem, device: str, info: dict):
+    """The PDL switch as ``item`` is timed under (forced on or off, or as it is), and the row's
+    ``pdl``; a PDL-on item that cannot launch with PDL here is skipped with the reason."""
+    if item.pdl:
+        why = pdl_refusal(device)
+        if why:
+            pytest.skip(why)
+    with pdl.forced(item.pdl) if item.pdl is not None else contextlib.nullcontext():
+        if item.shape.regime != "backward":  # the declaration is the forward's
+            info["pdl"] = pdl.launches_pdl(item.kernel, device)
+        yield
+
+
+__all__ = ["launch", "pdl_refusal", "run_benchmark"]

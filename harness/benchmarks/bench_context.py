@@ -60,7 +60,8 @@ class BenchContext:
         if it is None:
             return
         row = {"kernel": it.kernel.name, "op": it.shape.op, "dtype": it.shape.dtype,
-               "shape": f"{it.shape.m}x{it.shape.n}", "regime": it.shape.regime, "repeat": it.shape.repeat}
+               "shape": f"{it.shape.m}x{it.shape.n}", "regime": it.shape.regime, "repeat": it.shape.repeat,
+               "pdl": it.pdl}
         if report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             self.skipped.append({**row, "reason": reason.removeprefix("Skipped: ")})

@@ -17,7 +17,8 @@ What is timed, per (fused kernel, shape), in order:
    unwritten and every output within a gross-error bound (``SCREEN_REL_L2``; the checks judge
    exactly). A wrong result fails the benchmark and is not timed;
 3. ``_forward`` timed as the plain forward is (``harness.benchmarks.timing``: CUDA events, a
-   CUDA-graph replay at decode shapes, the wall clock on the CPU). A kernel whose ``_forward``
+   CUDA-graph replay at decode shapes, the wall clock on the CPU; at decode a kernel that can
+   launch with PDL twice, PDL on and off, as harness.bench says). A kernel whose ``_forward``
    copies a library's own results into the caller's buffers may define
    ``bench_fused_callable(x, residual, weight, bias, eps, params, out)``, the zero-argument call of
    its own work (the plain family's ``_call``); that is timed instead.
@@ -265,7 +266,7 @@ def run_fused(item: BenchItem, benchmark, ctx) -> None:
     if isinstance(timer, timing.EventTimer):
         info.update(host_enqueue_us=timer.host_enqueue_us(), gpu_lead_us=timer.lead_us)
     key = (s.group, s.repeat)
-    if k.name == baseline:
+    if k.name == baseline and not item.forced_on:  # PDL off where timed both ways: like for like
         ctx.baseline_s[key] = median
     if key in ctx.baseline_s:
         info["speedup_vs_baseline"] = ctx.baseline_s[key] / median

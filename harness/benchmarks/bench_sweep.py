@@ -1,5 +1,6 @@
 """What the benchmarks time: the sweep of shapes (op, dtype, M x N, regime; every N and M from
-harness.judging.shapes) and one benchmark's parameter, a shape and a kernel."""
+harness.judging.shapes) and one benchmark's parameter, a shape, a kernel and, at decode for a
+kernel that can launch with programmatic dependent launch (``impls.pdl``), PDL on or off."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,14 +27,25 @@ class BenchShape:
 
 @dataclass(frozen=True)
 class BenchItem:
-    """One benchmark's parameter (not a NormKernel or a tuple, so the correctness report ignores it)."""
+    """One benchmark's parameter (not a NormKernel or a tuple, so the correctness report ignores it).
+    ``pdl``: True or False where the item is timed with PDL forced on or off (``with_pdl``), None
+    where the kernel launches as it does by default."""
 
     shape: BenchShape
     kernel: NormKernel
+    pdl: bool | None = None
 
     @property
     def id(self) -> str:
-        return f"{self.shape.group}-{self.kernel.name}" + (f"-repeat{self.shape.repeat}" if self.shape.repeat else "")
+        launch = "" if self.pdl is None else "-pdl" if self.pdl else "-nopdl"
+        repeat = f"-repeat{self.shape.repeat}" if self.shape.repeat else ""
+        return f"{self.shape.group}-{self.kernel.name}{launch}{repeat}"
+
+    @property
+    def forced_on(self) -> bool:
+        """Timed with PDL forced on: not the row a speedup or a host-inclusive figure comes from
+        (those compare like with like against kernels that cannot launch with PDL)."""
+        return self.pdl is True
 
     def __repr__(self) -> str:  # how pytest-benchmark's JSON shows the parameter
         return self.id
@@ -60,6 +72,16 @@ def sweep(profile: str, ops, dtypes, repeat: int = 1, bench_set: str = "full") -
     return shapes
 
 
+def with_pdl(s: BenchShape, k) -> list[BenchItem]:
+    """The items of kernel ``k`` at shape ``s``: at decode, a kernel that declares it can launch
+    with PDL (``KernelContract.pdl``) twice, PDL on then off (a graph of back-to-back calls overlaps
+    them with PDL, which a model's step of other kernels between two norms does not give); every
+    other item once, as the kernel launches by default."""
+    if s.regime == "decode" and getattr(k, "pdl", False):
+        return [BenchItem(s, k, True), BenchItem(s, k, False)]
+    return [BenchItem(s, k)]
+
+
 def items(shapes: list[BenchShape], kernels: list[NormKernel], baseline: str) -> list[BenchItem]:
     """Every kernel of the shape's op (the backward regime: those with a backward), the baseline
     first in each group (its time sets the speedups)."""
@@ -67,5 +89,5 @@ def items(shapes: list[BenchShape], kernels: list[NormKernel], baseline: str) ->
     for s in shapes:
         ks = sorted((k for k in kernels if k.op == s.op and (s.regime != "backward" or k.has_backward)),
                     key=lambda k: (k.name != baseline, k.name))
-        out += [BenchItem(s, k) for k in ks]
+        out += [it for k in ks for it in with_pdl(s, k)]
     return out

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.benchmarks.bench_sweep import BenchItem, BenchShape
+from harness.benchmarks.bench_sweep import BenchItem, BenchShape, with_pdl
 from harness.judging.cases import DTYPES
 from harness.judging.shapes import DECODE_M, DECODE_N, QUICK_BANDWIDTH, QUICK_DECODE, bandwidth_rows
 from impls import registry
@@ -178,11 +178,12 @@ def baseline_of(config) -> str:
 
 
 def items(shapes: list[FusedShape], kernels: list[FusedNormKernel], baseline: str) -> list[BenchItem]:
-    """Every fused kernel of the shape's op, the baseline first in each group."""
+    """Every fused kernel of the shape's op, the baseline first in each group; at decode a kernel
+    that can launch with PDL twice (bench_sweep.with_pdl)."""
     out = []
     for s in shapes:
         ks = sorted((k for k in kernels if k.op == s.op), key=lambda k: (k.name != baseline, k.name))
-        out += [BenchItem(s, k) for k in ks]
+        out += [it for k in ks for it in with_pdl(s, k)]
     return out
 
 

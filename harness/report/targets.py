@@ -8,13 +8,22 @@ Bandwidth regime (first pass, % of the same run's copy ceiling), at M x N >= 2^2
 - N in 1024, 2048 (M >= 32768): >= 90%; N in 65536, 131072, 262144: the best >= 90%, each
   project backend >= 85%;
 - every dtype, and at every shape each project backend at least as fast as the best peer.
-Decode regime: each project backend at least as fast as the best peer.
+Decode regime: each project backend at least as fast as the best peer, like with like (below).
 Backward regime (bfloat16, N in BACKWARD_TARGET_N): the project's best backward >= 85% of copy and
 at least as fast as the backward of every peer that ran.
 Fused ops (rows of ``family`` "fused", one target per case: op, write convention, fp8 output, ...):
 at the bandwidth shapes (M x N >= 2^26) the best project fused kernel >= FUSED_TARGET_PCT of copy
 and at least as fast as the best peer; at decode shapes the best project fused kernel at least as
 fast as the best peer.
+
+Programmatic dependent launch (``impls.pdl``; each row's ``pdl``): at decode a kernel that can
+launch with PDL is timed with it on and off, and in a graph of back-to-back calls PDL overlaps one
+call with the next, which a model's step (other kernels between two norms) does not give. So the
+decode comparisons are like with like: the rows launched with PDL against the peers' rows launched
+with PDL, and the rows without against the peers' rows without (peers that cannot launch with PDL
+count there). A shape meets its decode target when both hold; a side with no project row or no
+peer row is a gap that says so. Rows that do not record ``pdl`` (reports from before it) count as
+without, and a run where no row records it is judged as before, one comparison per shape.
 
 "At least as fast" is: median <= the peer's median x (1 + t), t the margin of the two kernels
 compared (``margin``): the larger of their spreads between the benchmark's passes (the largest
@@ -102,6 +111,30 @@ def _best(rows: list[dict], key, pick):
     return pick(rows, key=key) if rows else None
 
 
+# -- programmatic dependent launch: the two sides of a decode comparison ---------------------------
+PDL_SIDES = (("with PDL", True), ("without PDL", False))
+
+
+def launched_pdl(r: dict) -> bool:
+    """Whether a row's timed calls launched with PDL; a row that does not say counts as without."""
+    return r.get("pdl") is True
+
+
+def pdl_recorded(rows: list[dict]) -> bool:
+    """Whether the run recorded PDL per row: then its decode comparisons are made side by side."""
+    return any(r.get("pdl") is not None for r in rows)
+
+
+def _sides(rows: list[dict]) -> tuple:
+    """(label, launched with PDL) of each decode comparison: both sides where the run recorded PDL,
+    else one unlabelled comparison of every row (as before PDL was recorded)."""
+    return PDL_SIDES if pdl_recorded(rows) else ((None, False),)
+
+
+def _labelled(label: str | None, gaps: list[str]) -> list[str]:
+    return [f"{label}: {g}" for g in gaps] if label else gaps
+
+
 def bandwidth(rows: list[dict]) -> list[dict]:
     out, spreads = [], pass_spreads(rows)
     for (op, dtype, m, n), rs in sorted(_by_shape(rows, "bandwidth").items(), key=lambda kv: (kv[0][:2], kv[0][3])):
@@ -133,21 +166,32 @@ def bandwidth(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _decode_side(rs: list[dict], backends: list[str], spreads: dict) -> dict:
+    """One decode comparison on rows ``rs`` (one side): each project backend's fastest row against
+    the fastest peer row; a side without either is a gap."""
+    project = {b: _best([r for r in rs if r.get("project") and _backend(r["kernel"]) == b], lambda r: r["median_s"], min)
+               for b in backends}
+    project = {b: r for b, r in project.items() if r}
+    peer = _best([r for r in rs if not r.get("project")], lambda r: r["median_s"], min)
+    ts = {b: margin(spreads, r["kernel"], peer["kernel"]) for b, r in project.items()} if peer else {}
+    gaps = ["no project kernel ran"] if not project else ["no peer ran"] if not peer else [
+        f"{b} {r['median_s'] * 1e6:.2f} µs > {peer['kernel']} {peer['median_s'] * 1e6:.2f} µs ({t_text(ts[b])})"
+        for b, r in project.items() if not as_fast(r, peer, ts[b])]
+    return {"project": {b: (r["kernel"], r["median_s"]) for b, r in project.items()},
+            "peer": peer and (peer["kernel"], peer["median_s"]), "t": ts, "gaps": gaps}
+
+
 def decode(rows: list[dict]) -> list[dict]:
-    out, spreads = [], pass_spreads(rows)
+    """Per decode shape where a project kernel and a peer ran: each side's comparison (``sides``,
+    by label; the last, without PDL, also at the top level) and every side's gaps."""
+    out, spreads, backends = [], pass_spreads(rows), project_backends(plain_rows(rows))
     for (op, dtype, m, n), rs in sorted(_by_shape(rows, "decode").items(), key=lambda kv: (kv[0][:2], kv[0][3], kv[0][2])):
-        project = {b: _best([r for r in rs if r.get("project") and _backend(r["kernel"]) == b], lambda r: r["median_s"], min)
-                   for b in project_backends(plain_rows(rows))}
-        project = {b: r for b, r in project.items() if r}
-        peer = _best([r for r in rs if not r.get("project")], lambda r: r["median_s"], min)
-        if not project or not peer:
+        if not any(r.get("project") for r in rs) or all(r.get("project") for r in rs):
             continue
-        ts = {b: margin(spreads, r["kernel"], peer["kernel"]) for b, r in project.items()}
-        gaps = [f"{b} {r['median_s'] * 1e6:.2f} µs > {peer['kernel']} {peer['median_s'] * 1e6:.2f} µs ({t_text(ts[b])})"
-                for b, r in project.items() if not as_fast(r, peer, ts[b])]
-        out.append({"op": op, "dtype": dtype, "m": m, "n": n, "gaps": gaps, "t": ts,
-                    "project": {b: (r["kernel"], r["median_s"]) for b, r in project.items()},
-                    "peer": (peer["kernel"], peer["median_s"])})
+        sides = {label: _decode_side([r for r in rs if launched_pdl(r) == on], backends, spreads)
+                 for label, on in _sides(rows)}
+        gaps = [g for label, side in sides.items() for g in _labelled(label, side["gaps"])]
+        out.append({"op": op, "dtype": dtype, "m": m, "n": n, **list(sides.values())[-1], "gaps": gaps, "sides": sides})
     return out
 
 
@@ -176,12 +220,41 @@ def backward(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _fused_side(rs: list[dict], regime: str, spreads: dict, peer_needed: bool = False) -> dict:
+    """One fused comparison on rows ``rs``: the best project fused kernel against FUSED_TARGET_PCT
+    (bandwidth) and against the best peer; ``peer_needed``: a side without a peer row is a gap."""
+    mine = [r for r in rs if r.get("project")]
+    best = _best(mine, lambda r: r["median_s"], min)
+    peer = _best([r for r in rs if not r.get("project")], lambda r: r["median_s"], min)
+    backends = {b: _best([r for r in mine if _backend(r["kernel"]) == b], lambda r: r["median_s"], min)
+                for b in sorted({_backend(r["kernel"]) for r in mine})}
+    gaps, t = [], None
+    if best is None:
+        gaps.append("no project fused kernel ran")
+    else:
+        if regime == "bandwidth" and (best["pct"] is None or best["pct"] < FUSED_TARGET_PCT):
+            gaps.append(f"best {best['pct'] or 0:.1f}% < {FUSED_TARGET_PCT:.0f}%")
+        if peer:
+            t = margin(spreads, best["kernel"], peer["kernel"])
+            if not as_fast(best, peer, t):
+                gaps.append(f"{best['kernel']} {_figure(best, regime)} > {peer['kernel']} "
+                            f"{_figure(peer, regime)} ({t_text(t)})" if regime == "decode" else
+                            f"{best['kernel']} {_figure(best, regime)} < {peer['kernel']} "
+                            f"{_figure(peer, regime)} ({t_text(t)})")
+        elif peer_needed:
+            gaps.append("no peer ran")
+    return {"best": best and (best["kernel"], _figure(best, regime)),
+            "backends": {b: (r["kernel"], _figure(r, regime)) for b, r in backends.items()},
+            "peer": peer and (peer["kernel"], _figure(peer, regime)), "t": t, "gaps": gaps}
+
+
 def fused(rows: list[dict]) -> list[dict]:
     """Per fused case and shape, first pass: at the bandwidth shapes the best project fused kernel
     (the fastest) >= FUSED_TARGET_PCT of copy, and at the bandwidth and decode shapes at least as fast
-    as the best peer that ran (margin t). A decode shape where no project kernel or no peer ran
-    is not judged; a bandwidth shape without a project kernel is a gap. Each project backend's
-    fastest kernel is shown beside, not judged."""
+    as the best peer that ran (margin t); at decode each side apart (``sides``: with PDL, without;
+    the last also at the top level), as ``decode``. A decode shape where no project kernel or no
+    peer ran is not judged; a bandwidth shape without a project kernel is a gap. Each project
+    backend's fastest kernel is shown beside, not judged."""
     out, spreads = [], pass_spreads(rows)
     for regime in ("bandwidth", "decode"):
         for (op, case, dtype, m, n), rs in sorted(_by_case(rows, regime).items()):
@@ -190,27 +263,11 @@ def fused(rows: list[dict]) -> list[dict]:
             peers = [r for r in rs if not r.get("project")]
             if not judged or (regime == "decode" and (not mine or not peers)):
                 continue
-            best = _best(mine, lambda r: r["median_s"], min)
-            peer = _best(peers, lambda r: r["median_s"], min)
-            backends = {b: _best([r for r in mine if _backend(r["kernel"]) == b], lambda r: r["median_s"], min)
-                        for b in sorted({_backend(r["kernel"]) for r in mine})}
-            gaps, t = [], None
-            if best is None:
-                gaps.append("no project fused kernel ran")
-            else:
-                if regime == "bandwidth" and (best["pct"] is None or best["pct"] < FUSED_TARGET_PCT):
-                    gaps.append(f"best {best['pct'] or 0:.1f}% < {FUSED_TARGET_PCT:.0f}%")
-                if peer:
-                    t = margin(spreads, best["kernel"], peer["kernel"])
-                    if not as_fast(best, peer, t):
-                        gaps.append(f"{best['kernel']} {_figure(best, regime)} > {peer['kernel']} "
-                                    f"{_figure(peer, regime)} ({t_text(t)})" if regime == "decode" else
-                                    f"{best['kernel']} {_figure(best, regime)} < {peer['kernel']} "
-                                    f"{_figure(peer, regime)} ({t_text(t)})")
+            sides = ({label: _fused_side([r for r in rs if launched_pdl(r) == on], regime, spreads, True)
+                      for label, on in _sides(rows)} if regime == "decode" else {None: _fused_side(rs, regime, spreads)})
+            gaps = [g for label, side in sides.items() for g in _labelled(label, side["gaps"])]
             out.append({"regime": regime, "op": op, "case": case, "title": rs[0].get("title") or case,
-                        "dtype": dtype, "m": m, "n": n, "best": best and (best["kernel"], _figure(best, regime)),
-                        "backends": {b: (r["kernel"], _figure(r, regime)) for b, r in backends.items()},
-                        "peer": peer and (peer["kernel"], _figure(peer, regime)), "t": t, "gaps": gaps})
+                        "dtype": dtype, "m": m, "n": n, **list(sides.values())[-1], "gaps": gaps, "sides": sides})
     return out
 
 
@@ -231,16 +288,21 @@ def _render_fused(fz: list[dict]) -> list[str]:
              f"{len(dc)}** with the best project fused kernel at least as fast as the best peer. One target per op "
              "and call (write convention, fp8 output, ...): kernels are compared only on the same call. Each "
              "project backend's fastest kernel is shown, not judged.", ""]
-    ours = sorted({b for t in fz for b in t["backends"]})
-    lines += ["| regime | case | dtype | M x N | best project kernel | " + " | ".join(ours) + " | best peer | t | gaps |",
-              "|---|---|---|---|---|" + "---|" * len(ours) + "---|---|---|"]
+    ours = sorted({b for t in fz for side in t["sides"].values() for b in side["backends"]})
+    sided = any(label for t in fz for label in t["sides"])  # the launch column where decode has two sides
+    lines += ["| regime | case | dtype | M x N | " + ("launch | " if sided else "") + "best project kernel | "
+              + " | ".join(ours) + " | best peer | t | gaps |",
+              "|---|---|---|---|" + ("---|" if sided else "") + "---|" + "---|" * len(ours) + "---|---|---|"]
     for t in fz:
-        cells = [f"{t['backends'][b][1]} {t['backends'][b][0]}" if b in t["backends"] else "-" for b in ours]
-        best = f"{t['best'][1]} {t['best'][0]}" if t["best"] else "-"
-        peer = f"{t['peer'][1]} {t['peer'][0]}" if t["peer"] else "-"
-        margin_cell = "-" if t["t"] is None else f"{100 * t['t']:.2f}%"
-        lines.append(f"| {t['regime']} | {t['case']} | {t['dtype']} | {t['m']} x {t['n']} | {best} | " + " | ".join(cells)
-                     + f" | {peer} | {margin_cell} | {'; '.join(t['gaps']) or 'met'} |")
+        for label, side in t["sides"].items():
+            cells = [f"{side['backends'][b][1]} {side['backends'][b][0]}" if b in side["backends"] else "-"
+                     for b in ours]
+            best = f"{side['best'][1]} {side['best'][0]}" if side["best"] else "-"
+            peer = f"{side['peer'][1]} {side['peer'][0]}" if side["peer"] else "-"
+            margin_cell = "-" if side["t"] is None else f"{100 * side['t']:.2f}%"
+            lines.append(f"| {t['regime']} | {t['case']} | {t['dtype']} | {t['m']} x {t['n']} | "
+                         + (f"{label or 'default'} | " if sided else "") + f"{best} | " + " | ".join(cells)
+                         + f" | {peer} | {margin_cell} | {'; '.join(side['gaps']) or 'met'} |")
     return lines + [""]
 
 
@@ -278,15 +340,68 @@ def _render_bandwidth(bw: list[dict], ours: list[str]) -> list[str]:
 
 def _render_decode(dc: list[dict], ours: list[str]) -> list[str]:
     met = sum(not t["gaps"] for t in dc)
+    sided = any(label for t in dc for label in t["sides"])
     lines = [f"Decode regime: **{met} of {len(dc)} shapes** with each project backend at least as fast as the "
-             "best peer (median µs per call).", "",
-             "| op | dtype | M x N | " + " | ".join(ours) + " | best peer | t | gaps |",
-             "|---|---|---|" + "---|" * len(ours) + "---|---|---|"]
+             "best peer (median µs per call)"
+             + ("; like with like: with PDL against the peers with PDL, without against the peers without, a shape "
+                "met when both hold." if sided else "."), "",
+             "| op | dtype | M x N | " + ("launch | " if sided else "") + " | ".join(ours) + " | best peer | t | gaps |",
+             "|---|---|---|" + ("---|" if sided else "") + "---|" * len(ours) + "---|---|---|"]
     for t in dc:
-        cells = [f"{t['project'][b][1] * 1e6:.2f} {t['project'][b][0]}" if b in t["project"] else "-" for b in ours]
-        lines.append(f"| {t['op']} | {t['dtype']} | {t['m']} x {t['n']} | " + " | ".join(cells)
-                     + f" | {t['peer'][1] * 1e6:.2f} {t['peer'][0]} | {_ts(t['t'])} | {'; '.join(t['gaps']) or 'met'} |")
+        for label, side in t["sides"].items():
+            cells = [f"{side['project'][b][1] * 1e6:.2f} {side['project'][b][0]}" if b in side["project"] else "-"
+                     for b in ours]
+            peer = f"{side['peer'][1] * 1e6:.2f} {side['peer'][0]}" if side["peer"] else "-"
+            lines.append(f"| {t['op']} | {t['dtype']} | {t['m']} x {t['n']} | " + (f"{label} | " if sided else "")
+                         + " | ".join(cells) + f" | {peer} | {_ts(side['t'])} | {'; '.join(side['gaps']) or 'met'} |")
     return lines + [""]
+
+
+def pdl_pairs(rows: list[dict]) -> list[dict]:
+    """The first pass's decode rows of a kernel timed both ways, PDL on beside PDL off, per shape
+    (a fused row's case, else its op) and kernel; overlap_s is off - on."""
+    at: dict[tuple, dict] = {}
+    for r in rows:
+        if r["regime"] == "decode" and r["repeat"] == 0 and r.get("pdl") is not None:
+            key = (r.get("case") or r["op"], r["dtype"], r["m"], r["n"], r["kernel"])
+            at.setdefault(key, {})[bool(r["pdl"])] = r
+    return [{"case": key[0], "dtype": key[1], "m": key[2], "n": key[3], "kernel": key[4],
+             "on_s": both[True]["median_s"], "off_s": both[False]["median_s"],
+             "overlap_s": both[False]["median_s"] - both[True]["median_s"]}
+            for key, both in sorted(at.items()) if len(both) == 2]
+
+
+def pdl_columns(rows: list[dict]) -> list[dict]:
+    """``rows`` (one decode table's) with a kernel timed both ways named by its launch, ``k (PDL)``
+    and ``k (no PDL)``, so a table keyed by kernel shows both; every other row as it is."""
+    both = {r["kernel"] for r in rows if launched_pdl(r)} & {r["kernel"] for r in rows if r.get("pdl") is False}
+    return [dict(r, kernel=f"{r['kernel']} ({'PDL' if launched_pdl(r) else 'no PDL'})") if r["kernel"] in both else r
+            for r in rows]
+
+
+def render_pdl(rows: list[dict]) -> list[str]:
+    """Which kernels launched with PDL, and at decode each one's time with PDL on and off."""
+    if not pdl_recorded(rows):
+        return []
+    launched = sorted({r["kernel"] for r in rows if launched_pdl(r)})
+    lines = ["### Programmatic dependent launch", "",
+             ("Launched with PDL in this run: " + ", ".join(f"`{k}`" for k in launched)
+              + " (their PDL-on rows); every other row ran without it."
+              if launched else "No row launched with PDL in this run (each PDL-on timing is skipped with its reason, "
+              "*Skipped*): the decode targets' *with PDL* side has no rows.")
+             + " At decode a kernel that can launch with PDL is timed both ways: in the CUDA graph of back-to-back "
+             "calls that times a decode shape, PDL starts each call while the one before it finishes, an overlap "
+             "a model's step (other kernels between two norms) does not give. *overlap* (off - on) is the time a "
+             "call saves by it here. The bandwidth rows are timed once, as each kernel launches by default.", ""]
+    pairs = pdl_pairs(rows)
+    if pairs:
+        lines += ["| case | dtype | M x N | kernel | PDL on µs | PDL off µs | overlap: off - on |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {p['case']} | {p['dtype']} | {p['m']} x {p['n']} | {p['kernel']} | {p['on_s'] * 1e6:.2f} | "
+                  f"{p['off_s'] * 1e6:.2f} | {p['overlap_s'] * 1e6:+.2f} µs "
+                  f"({100 * p['overlap_s'] / p['off_s']:+.0f}%) |" for p in pairs]
+        lines.append("")
+    return lines
 
 
 def _render_backward(bk: list[dict]) -> list[str]:
@@ -309,7 +424,7 @@ def render(rows: list[dict]) -> list[str]:
     ours = project_backends(plain_rows(rows))
     if not bw and not dc and not bk:  # only the fused ops ran
         return ["## Speed targets", "", "*At least as fast*: median <= the peer's median x (1 + t); "
-                f"{margin_text(rows)}.", ""] + _render_fused(fz)
+                f"{margin_text(rows)}.", ""] + _render_fused(fz) + render_pdl(rows)
     lines = ["## Speed targets", "",
              f"Bandwidth regime: **{met_bw} of {len(bw)} shapes meet every target**; decode regime: "
              f"**{met_dc} of {len(dc)}**. The targets (project backends: {', '.join(ours) or 'none'}; "
@@ -327,4 +442,4 @@ def render(rows: list[dict]) -> list[str]:
         lines += _render_decode(dc, ours)
     if fz:
         lines += _render_fused(fz)
-    return lines
+    return lines + render_pdl(rows)
