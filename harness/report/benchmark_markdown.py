@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from harness.report import host, targets
+from harness.report import host, pdl_rows, targets
 from harness.report.benchmark_results import (OP_TITLE, REPEAT_LIMIT, ceiling_of, fused_rows, repeatability,
                                               results)
 from harness.report.markdown import table
@@ -185,7 +185,7 @@ def render_decode(by_table: dict, baseline: str, smoke: bool) -> list[str]:
     if not _tables(by_table, "decode"):
         lines.append("No decode-regime results.")
     for op, dt in _tables(by_table, "decode"):
-        t = by_table[("decode", op, dt)]
+        t = pdl_rows.pdl_columns(by_table[("decode", op, dt)])  # a kernel timed both ways: a column per launch
         lines += [f"### {_title(t, op)}, {dt}", ""]
         lines += _matrix(t, _baseline(t, baseline), lambda r: f"{_us(r['median_s'])} µs", "µs per call",
                          rank=not smoke)

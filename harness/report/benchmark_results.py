@@ -29,6 +29,7 @@ def results(doc: dict) -> list[dict]:
             "ceiling": ei.get("ceiling_gbps"), "pct": 100 * gbps / ei["ceiling_gbps"] if ei.get("ceiling_gbps") else None,
             "timing": ei.get("timing", ""), "timer": ei.get("timer"), "device": ei.get("device"),
             "project": bool(ei.get("project")), "entry_point": bool(ei.get("entry_point")),
+            "pdl": ei.get("pdl"),  # whether the timed calls launched with PDL; None: not recorded
             "host_us": ei.get("host_call_us"), "wall_us": ei.get("wall_call_us"), "call": ei.get("user_call"),
             "call_error": ei.get("user_call_error"), "paired": ei.get("host_paired_us"),
             "paired_rounds": ei.get("host_paired_rounds_us"), "paired_left_out": ei.get("host_paired_left_out"),

@@ -35,7 +35,9 @@ BENCH_EXTRA_KEYS = ("op", "dtype", "m", "n", "regime", "repeat", "kernel", "byte
                     "timer", "device", "project", "prepare_s", "entry_point", "host_call_us", "wall_call_us",
                     "user_call", "user_call_error", "direction", "host_paired_us", "host_paired_rounds_us", "host_paired_left_out",
                     # the fused ops' rows (harness/benchmarks/bench_fused.py)
-                    "family", "case", "case_title", "baseline")
+                    "family", "case", "case_title", "baseline",
+                    # whether a row's calls launched with PDL (harness/report/targets.py)
+                    "pdl")
 BENCH_STATS_KEYS = ("median", "rounds")
 BENCH_TOP_KEYS = ("datetime", "version", "normdiff")
 NOTE = "slimmed by harness/report/publish.py: fields the reports do not read were dropped"

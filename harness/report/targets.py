@@ -21,8 +21,9 @@ launch with PDL is timed with it on and off, and in a graph of back-to-back call
 call with the next, which a model's step (other kernels between two norms) does not give. So the
 decode comparisons are like with like: the rows launched with PDL against the peers' rows launched
 with PDL, and the rows without against the peers' rows without (peers that cannot launch with PDL
-count there). A shape meets its decode target when both hold; a side with no project row or no
-peer row is a gap that says so. Rows that do not record ``pdl`` (reports from before it) count as
+count there). A shape meets its decode target when every side judged holds; a side where no peer
+ran (no LayerNorm peer launches with PDL) is shown and not judged, a side where a peer ran and no
+project kernel did is a gap, and a shape with no side judged is left out. Rows that do not record ``pdl`` (reports from before it) count as
 without, and a run where no row records it is judged as before, one comparison per shape.
 
 "At least as fast" is: median <= the peer's median x (1 + t), t the margin of the two kernels
@@ -37,6 +38,7 @@ other kernel that ran is a peer: no backend is named here.
 from __future__ import annotations
 
 from harness.report.benchmark_results import fused_rows, plain_rows, repeatability
+from harness.report.pdl_rows import judged_gaps, launched_pdl, render_pdl, sides as _sides, unjudged
 from harness.judging.shapes import (BACKWARD_TARGET_N, BANDWIDTH_ELEMENTS, TARGET_LONG_N, TARGET_MID_N,
                             TARGET_SHORT_MIN_M, TARGET_SHORT_N)
 
@@ -111,30 +113,6 @@ def _best(rows: list[dict], key, pick):
     return pick(rows, key=key) if rows else None
 
 
-# -- programmatic dependent launch: the two sides of a decode comparison ---------------------------
-PDL_SIDES = (("with PDL", True), ("without PDL", False))
-
-
-def launched_pdl(r: dict) -> bool:
-    """Whether a row's timed calls launched with PDL; a row that does not say counts as without."""
-    return r.get("pdl") is True
-
-
-def pdl_recorded(rows: list[dict]) -> bool:
-    """Whether the run recorded PDL per row: then its decode comparisons are made side by side."""
-    return any(r.get("pdl") is not None for r in rows)
-
-
-def _sides(rows: list[dict]) -> tuple:
-    """(label, launched with PDL) of each decode comparison: both sides where the run recorded PDL,
-    else one unlabelled comparison of every row (as before PDL was recorded)."""
-    return PDL_SIDES if pdl_recorded(rows) else ((None, False),)
-
-
-def _labelled(label: str | None, gaps: list[str]) -> list[str]:
-    return [f"{label}: {g}" for g in gaps] if label else gaps
-
-
 def bandwidth(rows: list[dict]) -> list[dict]:
     out, spreads = [], pass_spreads(rows)
     for (op, dtype, m, n), rs in sorted(_by_shape(rows, "bandwidth").items(), key=lambda kv: (kv[0][:2], kv[0][3])):
@@ -174,11 +152,12 @@ def _decode_side(rs: list[dict], backends: list[str], spreads: dict) -> dict:
     project = {b: r for b, r in project.items() if r}
     peer = _best([r for r in rs if not r.get("project")], lambda r: r["median_s"], min)
     ts = {b: margin(spreads, r["kernel"], peer["kernel"]) for b, r in project.items()} if peer else {}
-    gaps = ["no project kernel ran"] if not project else ["no peer ran"] if not peer else [
+    gaps = ([] if not peer else ["no project kernel ran"]) if not project else [] if not peer else [
         f"{b} {r['median_s'] * 1e6:.2f} µs > {peer['kernel']} {peer['median_s'] * 1e6:.2f} µs ({t_text(ts[b])})"
         for b, r in project.items() if not as_fast(r, peer, ts[b])]
     return {"project": {b: (r["kernel"], r["median_s"]) for b, r in project.items()},
-            "peer": peer and (peer["kernel"], peer["median_s"]), "t": ts, "gaps": gaps}
+            "peer": peer and (peer["kernel"], peer["median_s"]), "t": ts, "gaps": gaps,
+            "note": unjudged(bool(project), bool(peer))}
 
 
 def decode(rows: list[dict]) -> list[dict]:
@@ -190,7 +169,9 @@ def decode(rows: list[dict]) -> list[dict]:
             continue
         sides = {label: _decode_side([r for r in rs if launched_pdl(r) == on], backends, spreads)
                  for label, on in _sides(rows)}
-        gaps = [g for label, side in sides.items() for g in _labelled(label, side["gaps"])]
+        gaps = judged_gaps(sides)
+        if gaps is None:
+            continue
         out.append({"op": op, "dtype": dtype, "m": m, "n": n, **list(sides.values())[-1], "gaps": gaps, "sides": sides})
     return out
 
@@ -241,11 +222,12 @@ def _fused_side(rs: list[dict], regime: str, spreads: dict, peer_needed: bool = 
                             f"{_figure(peer, regime)} ({t_text(t)})" if regime == "decode" else
                             f"{best['kernel']} {_figure(best, regime)} < {peer['kernel']} "
                             f"{_figure(peer, regime)} ({t_text(t)})")
-        elif peer_needed:
-            gaps.append("no peer ran")
+    if best is None and regime == "decode" and not peer:
+        gaps = []
     return {"best": best and (best["kernel"], _figure(best, regime)),
             "backends": {b: (r["kernel"], _figure(r, regime)) for b, r in backends.items()},
-            "peer": peer and (peer["kernel"], _figure(peer, regime)), "t": t, "gaps": gaps}
+            "peer": peer and (peer["kernel"], _figure(peer, regime)), "t": t, "gaps": gaps,
+            "note": unjudged(best is not None, peer is not None) if peer_needed else None}
 
 
 def fused(rows: list[dict]) -> list[dict]:
@@ -265,7 +247,9 @@ def fused(rows: list[dict]) -> list[dict]:
                 continue
             sides = ({label: _fused_side([r for r in rs if launched_pdl(r) == on], regime, spreads, True)
                       for label, on in _sides(rows)} if regime == "decode" else {None: _fused_side(rs, regime, spreads)})
-            gaps = [g for label, side in sides.items() for g in _labelled(label, side["gaps"])]
+            gaps = judged_gaps(sides)
+            if gaps is None:
+                continue
             out.append({"regime": regime, "op": op, "case": case, "title": rs[0].get("title") or case,
                         "dtype": dtype, "m": m, "n": n, **list(sides.values())[-1], "gaps": gaps, "sides": sides})
     return out
@@ -302,7 +286,7 @@ def _render_fused(fz: list[dict]) -> list[str]:
             margin_cell = "-" if side["t"] is None else f"{100 * side['t']:.2f}%"
             lines.append(f"| {t['regime']} | {t['case']} | {t['dtype']} | {t['m']} x {t['n']} | "
                          + (f"{label or 'default'} | " if sided else "") + f"{best} | " + " | ".join(cells)
-                         + f" | {peer} | {margin_cell} | {'; '.join(side['gaps']) or 'met'} |")
+                         + f" | {peer} | {margin_cell} | {'; '.join(side['gaps']) or side.get('note') or 'met'} |")
     return lines + [""]
 
 
@@ -344,7 +328,7 @@ def _render_decode(dc: list[dict], ours: list[str]) -> list[str]:
     lines = [f"Decode regime: **{met} of {len(dc)} shapes** with each project backend at least as fast as the "
              "best peer (median µs per call)"
              + ("; like with like: with PDL against the peers with PDL, without against the peers without, a shape "
-                "met when both hold." if sided else "."), "",
+                "met when every side judged holds (a side where no peer ran is shown, not judged)." if sided else "."), "",
              "| op | dtype | M x N | " + ("launch | " if sided else "") + " | ".join(ours) + " | best peer | t | gaps |",
              "|---|---|---|" + ("---|" if sided else "") + "---|" * len(ours) + "---|---|---|"]
     for t in dc:
@@ -353,55 +337,8 @@ def _render_decode(dc: list[dict], ours: list[str]) -> list[str]:
                      for b in ours]
             peer = f"{side['peer'][1] * 1e6:.2f} {side['peer'][0]}" if side["peer"] else "-"
             lines.append(f"| {t['op']} | {t['dtype']} | {t['m']} x {t['n']} | " + (f"{label} | " if sided else "")
-                         + " | ".join(cells) + f" | {peer} | {_ts(side['t'])} | {'; '.join(side['gaps']) or 'met'} |")
+                         + " | ".join(cells) + f" | {peer} | {_ts(side['t'])} | {'; '.join(side['gaps']) or side.get('note') or 'met'} |")
     return lines + [""]
-
-
-def pdl_pairs(rows: list[dict]) -> list[dict]:
-    """The first pass's decode rows of a kernel timed both ways, PDL on beside PDL off, per shape
-    (a fused row's case, else its op) and kernel; overlap_s is off - on."""
-    at: dict[tuple, dict] = {}
-    for r in rows:
-        if r["regime"] == "decode" and r["repeat"] == 0 and r.get("pdl") is not None:
-            key = (r.get("case") or r["op"], r["dtype"], r["m"], r["n"], r["kernel"])
-            at.setdefault(key, {})[bool(r["pdl"])] = r
-    return [{"case": key[0], "dtype": key[1], "m": key[2], "n": key[3], "kernel": key[4],
-             "on_s": both[True]["median_s"], "off_s": both[False]["median_s"],
-             "overlap_s": both[False]["median_s"] - both[True]["median_s"]}
-            for key, both in sorted(at.items()) if len(both) == 2]
-
-
-def pdl_columns(rows: list[dict]) -> list[dict]:
-    """``rows`` (one decode table's) with a kernel timed both ways named by its launch, ``k (PDL)``
-    and ``k (no PDL)``, so a table keyed by kernel shows both; every other row as it is."""
-    both = {r["kernel"] for r in rows if launched_pdl(r)} & {r["kernel"] for r in rows if r.get("pdl") is False}
-    return [dict(r, kernel=f"{r['kernel']} ({'PDL' if launched_pdl(r) else 'no PDL'})") if r["kernel"] in both else r
-            for r in rows]
-
-
-def render_pdl(rows: list[dict]) -> list[str]:
-    """Which kernels launched with PDL, and at decode each one's time with PDL on and off."""
-    if not pdl_recorded(rows):
-        return []
-    launched = sorted({r["kernel"] for r in rows if launched_pdl(r)})
-    lines = ["### Programmatic dependent launch", "",
-             ("Launched with PDL in this run: " + ", ".join(f"`{k}`" for k in launched)
-              + " (their PDL-on rows); every other row ran without it."
-              if launched else "No row launched with PDL in this run (each PDL-on timing is skipped with its reason, "
-              "*Skipped*): the decode targets' *with PDL* side has no rows.")
-             + " At decode a kernel that can launch with PDL is timed both ways: in the CUDA graph of back-to-back "
-             "calls that times a decode shape, PDL starts each call while the one before it finishes, an overlap "
-             "a model's step (other kernels between two norms) does not give. *overlap* (off - on) is the time a "
-             "call saves by it here. The bandwidth rows are timed once, as each kernel launches by default.", ""]
-    pairs = pdl_pairs(rows)
-    if pairs:
-        lines += ["| case | dtype | M x N | kernel | PDL on µs | PDL off µs | overlap: off - on |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {p['case']} | {p['dtype']} | {p['m']} x {p['n']} | {p['kernel']} | {p['on_s'] * 1e6:.2f} | "
-                  f"{p['off_s'] * 1e6:.2f} | {p['overlap_s'] * 1e6:+.2f} µs "
-                  f"({100 * p['overlap_s'] / p['off_s']:+.0f}%) |" for p in pairs]
-        lines.append("")
-    return lines
 
 
 def _render_backward(bk: list[dict]) -> list[str]:
