@@ -58,6 +58,9 @@ Set NORMDIFF_COMMIT to the commit carried (the machine's git record may be stale
        NORMDIFF_COMMIT=... tools/gpu_run.sh verify-peers \$OUT
   4. carry nothing:
        NORMDIFF_COMMIT=... tools/gpu_run.sh verify-bench \$OUT
+The decode plan (three calls, back to back): 1 as above; then
+  2. carry .devdeps/peers-site.1.tar.xz:  NORMDIFF_COMMIT=... tools/gpu_run.sh verify-pdl \$OUT
+  3. carry .devdeps/peers-site.2.tar.xz:  NORMDIFF_COMMIT=... tools/gpu_run.sh verify-bench \$OUT
 Unpack each archive in the project's root (tar -xJf verify-<step>.tar.xz): its reports land in
 reports/runs/verify-<step>/, where a cut-short run's printed command runs what it left (carry
 that folder) and python -m harness.report merges the two.
@@ -65,7 +68,7 @@ PLAN
   exit 0 ;;
 verify-dry)
   rc=0
-  for s in checks memory peers bench; do
+  for s in checks memory peers pdl bench; do
     GPU_RUN_DRY=1 VERIFY_LIMIT=${VERIFY_LIMIT:-420} "$0" "verify-$s" "$out" || rc=1
     [[ -f $out/verify-$s.tar.xz ]] || { echo "verify-dry: no archive of verify-$s"; rc=1; }
   done
@@ -204,5 +207,5 @@ longprobe)
     done
   done
   ;;
-*) echo "usage: tools/gpu_run.sh verify|verify-dry|verify-checks|verify-memory|verify-peers|verify-bench|setup|peers|fused|checks|memory|probe|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
+*) echo "usage: tools/gpu_run.sh verify|verify-dry|verify-checks|verify-memory|verify-peers|verify-pdl|verify-bench|setup|peers|fused|checks|memory|probe|tests|bench|sweep|longprobe OUT [sweep arguments]" >&2; exit 2 ;;
 esac

@@ -9,7 +9,14 @@
 #                   (--gpu-memory 24GiB --min-check-memory 1GiB) with Liger and apex
 #   verify-peers    carry .devdeps/peers-site.2.tar.xz: unpacked, then QuACK and FlashInfer through
 #                   every plain and fused check, full profile, with their plug-ins
-#   verify-bench    nothing carried: the two-pass benchmark (headline, plain and fused) with every peer
+#   verify-pdl      carry .devdeps/peers-site.1.tar.xz: unpacked, then the tests of programmatic
+#                   dependent launch that need a card (the dependent-launch check against its planted
+#                   kernel, the native replay with the attribute, TileLang's PDL programs)
+#   verify-bench    carry .devdeps/peers-site.2.tar.xz where it is not unpacked yet (else nothing): the
+#                   two-pass benchmark (headline, plain and fused) with every peer; then the peers'
+#                   dependent-launch checks, and with the time left the decode and fp8 probe's
+#                   candidates (tools/decode_fp8_candidates.py) in one pass of their own
+# The decode plan (three calls): verify-checks, verify-pdl, verify-bench.
 # The peers' two parts exceed one call's 64 MiB together, so they travel in consecutive calls on a
 # machine kept warm (it goes back after 30 s idle): verify-memory's call brings the first part and
 # runs the 24 GiB run meanwhile, verify-peers the second. Each step cuts itself short at its own time
@@ -40,6 +47,7 @@ site() {  # the unpacked packs and apex on PYTHONPATH (a warm machine keeps /tmp
 unpack() {  # a carried pack into /tmp/site
   local pack=$1 t=$SECONDS
   if [[ ! -f $pack ]]; then echo "$step: $pack not carried: not unpacked"; return; fi
+  if [[ $dry == 1 ]]; then echo "$step: $pack not unpacked (a dry run: its wheels are the card's Python's)"; return; fi
   mkdir -p /tmp/site && tar -C /tmp/site -xJf "$pack"
   echo "$step: $pack unpacked, exit $?, $((SECONDS - t)) s"
 }
@@ -117,6 +125,9 @@ if [[ $dry == 1 ]]; then  # the CPU: tiny selections; the checks' run interrupte
   bench_sel=(--profile quick --bench-rounds 3 --backend torch,liger,quack,flashinfer "${liger[@]}" "${peers_files[@]}"
              --op rms_norm,add_rms_norm --dtype bfloat16)
   warm_sel=(--profile quick --backend torch_compile)
+  pdl_sel=(--profile quick --backend 'flashinfer*,triton' "${peers_files[@]}")
+  probe_sel=(--profile quick --bench-rounds 3 --backend 'probe_*' --backend-file tools/decode_fp8_candidates.py
+             --op rms_norm,add_rms_norm --dtype bfloat16)
 else
   checks_sel=(--profile full --backend all "${liger[@]}")
   dry_args=()
@@ -124,6 +135,10 @@ else
   peers_sel=(--profile full --backend 'quack*,flashinfer*' "${peers_files[@]}")
   bench_sel=(--profile full --bench-set headline --backend all "${liger[@]}" "${peers_files[@]}")
   warm_sel=(--profile full --backend triton,tilelang,torch_compile,liger "${liger[@]}")
+  pdl_sel=(--profile full --backend 'flashinfer*' "${peers_files[@]}")
+  probe_sel=(--profile full --bench-set headline --backend 'probe_*,triton,tilelang,flashinfer*'
+             --backend-file tools/decode_fp8_candidates.py "${peers_files[@]}"
+             -k "${PROBE_K:-e4m3 or 1x4096 or 64x4096 or 1x8192 or 64x8192}")
 fi
 case $step in
 checks)
@@ -152,15 +167,24 @@ peers)
   resume_rest peers
   findings
   ;;
-bench)
+pdl)
+  unpack .devdeps/peers-site.1.tar.xz
   site
-  [[ $dry == 1 ]] || warm_up "${WARM_LIMIT:-90}" --bench --profile full --backend triton,tilelang,torch_compile,liger "${liger[@]}"
+  pytest_step pdl-tests "$(left 30)" tests/test_dependent_launch.py tests/test_native_pdl.py tests/test_tilelang_pdl.py \
+    tests/test_native.py -n 0 -rs
+  ;;
+bench)
+  [[ $dry == 1 || -d /tmp/site/flashinfer ]] || unpack .devdeps/peers-site.2.tar.xz
+  site
+  [[ $dry == 1 ]] || warm_up "${WARM_LIMIT:-60}" --bench --profile full --backend triton,tilelang,torch_compile,liger "${liger[@]}"
   t=$SECONDS
-  timeout -s INT -k 30 "$(left 30)" python -m pytest benchmarks --benchmark-only --bench-repeat 2 "${bench_sel[@]}" \
-    -q -p no:randomly --report-dir="$work/bench" > "$work/bench.log" 2>&1
+  timeout -s INT -k 30 "$(left "${PROBE_RESERVE:-100}")" python -m pytest benchmarks --benchmark-only --bench-repeat 2 \
+    "${bench_sel[@]}" -q -p no:randomly --report-dir="$work/bench" > "$work/bench.log" 2>&1
   echo "bench: exit $?, wall $((SECONDS - t)) s" | tee -a "$work/bench.log"
   tail -n 3 "$work/bench.log"
+  pytest_step pdl-peers "$(( $(left 20) < 60 ? $(left 20) : 60 ))" harness/test_dependent_launch.py "${pdl_sel[@]}"
+  pytest_step probe "$(left 20)" benchmarks --benchmark-only --bench-repeat 1 "${probe_sel[@]}"
   ;;
-*) echo "usage: tools/gpu_run.sh verify|verify-dry|verify-checks|verify-memory|verify-peers|verify-bench OUT" >&2; exit 2 ;;
+*) echo "usage: tools/gpu_run.sh verify|verify-dry|verify-checks|verify-memory|verify-peers|verify-pdl|verify-bench OUT" >&2; exit 2 ;;
 esac
 archive
