@@ -99,7 +99,9 @@ def _moved(ra: dict, rb: dict) -> tuple[float, float] | None:
 def _medians(doc: dict) -> tuple[dict, float]:
     """(kernel, group) -> first-pass median; and the largest move between passes in this run."""
     rows = results(doc)
-    first = {(r["kernel"], r["group"]): r["median_s"] for r in rows if r["repeat"] == 0}
+    # A kernel timed with PDL on and off at decode has two rows in a group: named by launch.
+    first = {(r["kernel"] + {True: " (PDL)", False: ""}.get(r.get("pdl"), ""), r["group"]): r["median_s"]
+             for r in rows if r["repeat"] == 0}
     moves = [abs(x.get("max_move", 0.0)) for x in repeatability(rows)]
     return first, max(moves, default=0.0)
 
