@@ -16,6 +16,7 @@ from impls import pdl, registry
 from impls.base import NormSpec, cuda_present
 from impls.fused import FusedSpec
 from impls.tilelang import compiler
+from tests.test_tilelang import _need_compiler
 from impls.tilelang.fused import (FP8_SCALES, TileLangAddRMSNorm, TileLangRMSNormFused, _compile, choose_out_vec,
                                   fp8_scale_argument, fused_plan)
 from impls.tilelang.plan import DECODE_MAX_ROWS, make_plan
@@ -151,14 +152,6 @@ def test_host_reciprocal_is_the_float32_reciprocal(scale):
 # -- builds for sm_90, read in their PTX --------------------------------------------------------
 _LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global", re.M)
 _STORE = re.compile(r"^\s*(@%p\d+\s+)?st\.global", re.M)
-
-
-def _need_compiler():
-    tl, why = compiler.tilelang_module()
-    if tl is None:
-        pytest.skip(why)
-    if compiler.nvcc_path() is None:
-        pytest.skip("nvcc not found: TileLang cannot compile CUDA kernels here")
 
 
 def _ptx(plan):

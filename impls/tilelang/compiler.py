@@ -249,21 +249,34 @@ def ptx(compiled: Compiled) -> str:
     path = _cache_dir() / f"{digest}.ptx"
     if path.exists():
         return path.read_text()
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise TileLangCompileError("nvcc not found (set CUDA_HOME or put nvcc on PATH); no PTX")
-    from tilelang.contrib import nvcc as tl_nvcc
+    text = _nvcc(compiled, "ptx", "--ptx", [])[0].decode()
+    _write_cache(path, text)
+    return text
 
+
+def _nvcc(compiled: Compiled, what: str, mode: str, flags: list[str]) -> tuple[bytes, str]:
+    """nvcc ``mode`` (--ptx, --cubin) on the kernel's CUDA source: the output's bytes and nvcc's
+    own output (ptxas -v writes its report there)."""
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="normdiff-ptx-") as tmp:
-        cu, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.ptx"
-        cu.write_text(src)
-        cmd = [nvcc, "--ptx", "-O3", f"-arch={arch}", *tl_nvcc.default_compile_options(), "-o", str(out), str(cu)]
+    from tilelang.contrib import nvcc as tl_nvcc
+
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise TileLangCompileError(f"nvcc not found (set CUDA_HOME or put nvcc on PATH); no {what}")
+    arch = compiled.target.get("arch", "sm_90")
+    with tempfile.TemporaryDirectory(prefix=f"normdiff-{what}-") as tmp:
+        cu, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.out"
+        cu.write_text(compiled.source())
+        cmd = [nvcc, mode, "-O3", f"-arch={arch}", *flags, *tl_nvcc.default_compile_options(), "-o", str(out), str(cu)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise TileLangCompileError(f"nvcc failed on {compiled.plan.describe()}:\n{proc.stderr[-2000:]}")
-        text = out.read_text()
+        return out.read_bytes(), proc.stdout + proc.stderr
+
+
+def _write_cache(path: Path, text: str) -> None:
+    """Write a cache entry whole (a temporary file, then renamed), or not at all."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
@@ -271,7 +284,6 @@ def ptx(compiled: Compiled) -> str:
         os.replace(tmp_path, path)
     except OSError:
         pass
-    return text
 
 
 def ptxas_report(compiled: Compiled) -> PtxasReport:
@@ -288,31 +300,11 @@ def ptxas_report(compiled: Compiled) -> PtxasReport:
             return PtxasReport(**{**data, "smem_dynamic": dynamic_smem(host)})
         except (ValueError, TypeError):
             pass
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise TileLangCompileError("nvcc not found (set CUDA_HOME or put nvcc on PATH); no ptxas report")
-    from tilelang.contrib import nvcc as tl_nvcc
-
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="normdiff-ptxas-") as tmp:
-        cu, cubin = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
-        cu.write_text(src)
-        cmd = [nvcc, "--cubin", "-O3", f"-arch={arch}", "-Xptxas", "-v", *tl_nvcc.default_compile_options(),
-               "-o", str(cubin), str(cu)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise TileLangCompileError(f"nvcc failed on {compiled.plan.describe()}:\n{proc.stderr[-2000:]}")
-        sass = cubin_sm(cubin.read_bytes())
-    nums = parse_ptxas(proc.stdout + proc.stderr)
+    cubin, log = _nvcc(compiled, "ptxas report", "--cubin", ["-Xptxas", "-v"])
+    sass = cubin_sm(cubin)
+    nums = parse_ptxas(log)
     report = PtxasReport(arch=arch, registers=nums["registers"], smem_static=nums["smem"],
                          smem_dynamic=dynamic_smem(host), spill_stores=nums["spill_stores"],
                          spill_loads=nums["spill_loads"], stack=nums["stack"], sass_arch=sass)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp_path.write_text(json.dumps(report.to_dict()))
-        os.replace(tmp_path, path)
-    except OSError:
-        pass
+    _write_cache(path, json.dumps(report.to_dict()))
     return report
