@@ -64,3 +64,57 @@ def test_on_a_card_the_graph_check_catches_the_planted_kernel_and_passes_the_pro
         bad = check_dependent_launch(planted, m, n)
         assert not bad.skipped and not bad.ok, bad
     assert torch.cuda.is_available()
+
+
+class _StaleRMSNorm:
+    """A planted bug for the twin: an RMSNorm that reads x as its previous call on that buffer saw
+    it (in the twin's sequential form, what a read before the producer's write gives: old x)."""
+
+    def __new__(cls):
+        from impls.torch_eager import TorchRMSNorm
+
+        class Stale(TorchRMSNorm):
+            backend = "stale"
+            seen: dict = {}
+
+            def _forward(self, x, weight, bias, eps, out):
+                old = self.seen.get(x.data_ptr(), x).clone()
+                self.seen[x.data_ptr()] = x.clone()
+                super()._forward(old, weight, bias, eps, out)
+        return Stale()
+
+
+def _kernels():
+    from impls import registry
+
+    registry.load_all([])
+    return {f"{k.name}/{k.op}": k for k in registry.kernels(["torch"], family=None)}
+
+
+@pytest.mark.parametrize("name", ["eager/rms_norm", "eager/layer_norm", "fused/add_rms_norm", "fused/add_layer_norm",
+                                  "fused/rms_norm"])
+def test_the_twin_runs_the_check_on_every_family_and_passes_a_correct_kernel(name):
+    from harness.judging.dependent_launch import check_dependent_launch
+
+    kernel = _kernels()[f"torch.{name}"]
+    result = check_dependent_launch(kernel, 3, 256, device="cpu", simulate=True)
+    assert result.skipped is None and result.ok, result
+
+
+def test_the_twin_runs_an_in_place_only_kernel():
+    from harness.judging.dependent_launch import check_dependent_launch
+    from impls import registry
+
+    registry.load_all(["examples/triton_fused_backend.py"])
+    kernel = registry.get("add_rms_norm", "myfused", family="fused")
+    assert kernel.writes == ("in_place",)
+    result = check_dependent_launch(kernel, 2, 256, device="cpu", simulate=True)
+    assert result.skipped is None and result.ok, result
+
+
+def test_the_twin_catches_a_kernel_that_reads_a_stale_x():
+    from harness.judging.dependent_launch import check_dependent_launch
+
+    result = check_dependent_launch(_StaleRMSNorm(), 3, 256, device="cpu", simulate=True)
+    assert not result.ok and len(result.failures) >= 3
+    assert "read x before the kernel before it wrote it" in result.failures[0]

@@ -11,9 +11,10 @@ before it writes, so a norm that does not wait reads the poison its buffers held
 norm's outputs from the graph must equal, bit for bit, its outputs from a plain call on the
 same inputs (a kernel that may give other bits on a repeat is not judged here: it says so).
 
-On the CPU (and wherever PDL cannot run) the check is skipped with the reason; its CPU twin is
-``wait_before_loads``: the kernel's decode launch compiled for sm_90 offline, whose PTX must hold
-``griddepcontrol.wait`` before its first global load.
+On the CPU (and wherever PDL cannot run) the check is skipped with the reason. Its CPU twins:
+``wait_before_loads`` (the kernel's decode launch compiled for sm_90 offline, whose PTX must hold
+``griddepcontrol.wait`` before its first global load), and ``simulate=True`` (the same steps in
+order, without a graph: the check's machinery on any kernel, any family and write convention).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from impls.contract import UnsupportedCase
 # The decode shapes the check runs: rows x N, bfloat16 (what a decode step's norms see).
 SHAPES = ((1, 4096), (64, 4096))
 DTYPE = torch.bfloat16
-# The producer's spin: about 40 µs on an H100, some twenty times a decode norm.
+# The producer's spin: SPIN dependent multiply-adds, meant to outlast a decode norm many times over.
 SPIN = 1 << 15
 POISON = 7.0  # what x and the residual hold before the producer writes them
 REPLAYS = 3
@@ -102,51 +103,92 @@ def _producer():
     return _pdl_producer
 
 
-def check_dependent_launch(kernel, m: int, n: int, device: str = "cuda") -> DependentLaunchResult:
+def _copy_write(src_x, dst_x, src_r, dst_r, spin: int) -> None:
+    """The simulated producer: the same writes, at once."""
+    dst_x.copy_(src_x)
+    if dst_r is not None:
+        dst_r.copy_(src_r)
+
+
+def _graph_chain(steps):
+    """The card: ``steps`` captured once in a CUDA graph; each replay runs them again, writing the
+    outputs the capture allocated."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        try:
+            got = steps()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+
+    def replay():
+        graph.replay()
+        torch.cuda.synchronize()
+        return got
+    return replay
+
+
+def check_dependent_launch(kernel, m: int, n: int, device: str = "cuda", simulate: bool = False) -> DependentLaunchResult:
     """The CUDA graph producer -> norm with PDL on, replayed REPLAYS times, each against the
-    plain call's bits (see the module docstring)."""
-    why = kernel.unavailable() or pdl.unavailable(device)
+    plain call's bits (see the module docstring). ``simulate``: the CPU twin of the same steps,
+    run in order on ``device`` with the producer's writes made at once (no PDL, no graph): it
+    holds the check's own machinery (inputs, the call in each family and convention, the
+    comparison) on any machine, and catches a kernel that reads a stale copy of x."""
+    why = kernel.unavailable()
     if why:
-        return DependentLaunchResult(skipped=f"PDL cannot run here: {why}" if not kernel.unavailable() else why)
-    if not getattr(kernel, "pdl", False):
-        return DependentLaunchResult(skipped=f"{kernel.name} does not launch with PDL")
+        return DependentLaunchResult(skipped=why)
+    if not simulate:
+        why = pdl.unavailable(device)
+        if why:
+            return DependentLaunchResult(skipped=f"PDL cannot run here: {why}")
+        if not getattr(kernel, "pdl", False):
+            return DependentLaunchResult(skipped=f"{kernel.name} does not launch with PDL")
     if getattr(kernel, "nondeterministic", None):
         return DependentLaunchResult(skipped=f"not judged bit for bit: {kernel.nondeterministic}")
-    src_x, src_r, weight, bias = _inputs(kernel, m, n, device)
+    # Inputs of their own for the warm-up and each replay (a kernel that reads the x of an earlier
+    # call differs too); the weight and bias of the first.
+    drawn = [_inputs(kernel, m, n, device, seed) for seed in range(REPLAYS + 1)]
+    _, _, weight, bias = drawn[0]
+    src_x, src_r = drawn[0][0].clone(), None if drawn[0][1] is None else drawn[0][1].clone()
+
+    def load(i: int) -> None:  # the producer's next sources, set outside the chain
+        src_x.copy_(drawn[i][0])
+        if src_r is not None:
+            src_r.copy_(drawn[i][1])
+
     with pdl.forced(True):
-        if not kernel.launches_pdl(torch.device(device)):
+        if not simulate and not kernel.launches_pdl(torch.device(device)):
             return DependentLaunchResult(skipped="PDL is switched off for this process (NORMDIFF_PDL=0)")
+        # The plain calls' inputs stay alive to the end: the chain's buffers never take their memory.
+        plain = [(dx.clone(), None if dr is None else dr.clone()) for dx, dr, _, _ in drawn]
         try:
-            want = _call(kernel, src_x.clone(), None if src_r is None else src_r.clone(), weight, bias)
-            want = {k: v.clone() for k, v in want.items()}
+            wants = [{k: v.clone() for k, v in _call(kernel, px, pr, weight, bias).items()} for px, pr in plain]
         except UnsupportedCase as e:
             return DependentLaunchResult(skipped=str(e))
         x = torch.full_like(src_x, POISON)
         r = None if src_r is None else torch.full_like(src_r, POISON)
-        producer = _producer()
-        # Warm: compile the producer and the norm for these buffers outside the capture.
-        producer.write(src_x, x, src_r, r, spin=1)
+        write = _copy_write if simulate else _producer().write
+        # Warm: compile the producer and the norm for these buffers before the chain.
+        write(src_x, x, src_r, r, spin=1)
         _call(kernel, x, r, weight, bias)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            graph.capture_begin()
-            try:
-                x.fill_(POISON)
-                if r is not None:
-                    r.fill_(POISON)
-                producer.write(src_x, x, src_r, r, spin=SPIN)
-                got = _call(kernel, x, r, weight, bias)
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream().wait_stream(stream)
-        failures = []
-        for i in range(REPLAYS):
-            graph.replay()
+        if not simulate:
             torch.cuda.synchronize()
-            failures += [f"replay {i + 1}: {d}" for d in _differences(got, want)]
+
+        def steps():
+            x.fill_(POISON)
+            if r is not None:
+                r.fill_(POISON)
+            write(src_x, x, src_r, r, spin=SPIN)
+            return _call(kernel, x, r, weight, bias)
+
+        replay = steps if simulate else _graph_chain(steps)
+        failures = []
+        for i in range(1, REPLAYS + 1):
+            load(i)
+            failures += [f"replay {i}: {d}" for d in _differences(replay(), wants[i])]
         return DependentLaunchResult(failures=failures)
 
 
