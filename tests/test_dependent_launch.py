@@ -118,3 +118,4 @@ def test_the_twin_catches_a_kernel_that_reads_a_stale_x():
     result = check_dependent_launch(_StaleRMSNorm(), 3, 256, device="cpu", simulate=True)
     assert not result.ok and len(result.failures) >= 3
     assert "read x before the kernel before it wrote it" in result.failures[0]
+

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 
+if __name__ == "__main__":  # the offline PTX counts: triton loaded first, so it compiles, not interprets
+    import triton  # noqa: F401
+
 from impls import registry
 from impls.tilelang.fused import TileLangAddRMSNorm, TileLangRMSNormFused
 from impls.triton.fused import TritonAddLayerNorm, TritonAddRMSNorm, TritonRMSNormFused
@@ -55,3 +58,77 @@ for _base in (TritonAddRMSNorm, TritonAddLayerNorm):
 for _warps in (2, 4, 16):
     for _base in (TritonRMSNormFused, TritonAddRMSNorm, TritonRMSNormRowwise):
         _candidate(_base, f"probe_w{_warps}", f"{_warps} warps at decode and one-tile rows", config=_with_warps(_warps))
+
+
+# -- Offline: the fp8 forms in sm_90 PTX (no GPU needed) ------------------------------------------
+def _triton_ptx(kernel, m: int, n: int) -> str:
+    """The PTX of a Triton fused kernel's fp8 forward launch (bf16 x, e4m3fn y), compiled for sm_90."""
+    import torch
+
+    import impls.triton.fused as triton_fused
+    from impls.fused import FusedOutputs, FusedParams
+    from tools.triton_resources import compile_sm90
+
+    got, real = [], triton_fused._run
+    triton_fused._run = lambda fn, x, grid, args, kwargs: got.append((fn, args, dict(kwargs)))
+    try:
+        x = torch.empty(m, n, dtype=torch.bfloat16)
+        add = kernel.op.startswith("add_")
+        out = FusedOutputs(y=torch.empty(m, n, dtype=torch.float8_e4m3fn), residual_out=torch.empty_like(x) if add else None,
+                           rstd=torch.empty(m))
+        kernel._forward(x, torch.empty_like(x) if add else None, torch.empty(n, dtype=x.dtype), None, 1e-6,
+                        FusedParams(0.0, torch.float8_e4m3fn, 0.5, "out_y" if add else "new"), out)
+    finally:
+        triton_fused._run = real
+    fn, args, kwargs = got[0]
+    return compile_sm90(fn, args, kwargs).asm["ptx"]
+
+
+def _tilelang_ptx(kernel, m: int, n: int) -> str:
+    import torch
+
+    from impls.fused import spec_of_fused, FusedParams
+    from impls.tilelang import compiler
+    from impls.tilelang.fused import _compile
+
+    x = torch.empty(m, n, dtype=torch.bfloat16)
+    add = kernel.op.startswith("add_")
+    spec = spec_of_fused(kernel.op, x, "cuda", torch.empty(n, dtype=x.dtype), None, x.dtype if add else None,
+                         FusedParams(0.0, torch.float8_e4m3fn, 0.5, "out_y" if add else "new"))
+    return compiler.ptx(_compile(kernel.compile_key(spec), compiler.SM90))
+
+
+def ptx_counts(ptx: str) -> dict:
+    """What a thread of the fp8 store does, counted in the PTX: correctly rounded divisions,
+    reciprocals, fp8 conversions (two values each) and global stores by width."""
+    import collections
+    import re
+
+    stores = collections.Counter(m.lstrip(".") for m in re.findall(r"st\.global((?:\.\w+)+)", ptx))
+    return {"div.rn": len(re.findall(r"div\.rn\.f32", ptx)), "rcp": len(re.findall(r"rcp\.\w+\.f32", ptx)),
+            "cvt e4m3x2": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2", ptx)), "stores": dict(stores)}
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description="the fp8 forms of the candidates and kernels, counted in sm_90 PTX")
+    ap.add_argument("--shape", default="16384x4096")
+    args = ap.parse_args(argv)
+    m, n = map(int, args.shape.split("x"))
+    rows = {}
+    for op in ("rms_norm", "add_rms_norm"):
+        for backend in ("triton", "probe_div", "tilelang", "probe_tldiv", "probe_tlvec8"):
+            try:
+                kernel = registry.get(op, backend, "fused", family="fused")
+            except Exception:  # noqa: BLE001 (a backend not registered here: left out)
+                continue
+            ptx = (_tilelang_ptx if backend in ("tilelang", "probe_tldiv", "probe_tlvec8") else _triton_ptx)(kernel, m, n)
+            rows[f"{kernel.name}/{op}"] = ptx_counts(ptx)
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

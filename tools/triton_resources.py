@@ -33,7 +33,8 @@ import torch
 from impls.gpu_limits import blocks_per_sm
 
 SM90 = ("cuda", 90, 32)
-TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32"}
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32",
+         torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
 
 
 @dataclasses.dataclass
