@@ -116,6 +116,11 @@ def machine() -> list[tuple[str, str, str]]:
     nvcc, release = _nvcc()
     rows.append(("nvcc", f"{nvcc}, release {release}" if nvcc else "not found",
                  "" if nvcc else "TileLang compiles with nvcc: put CUDA's bin on PATH or set CUDA_HOME"))
+    from impls import pdl
+
+    why_not = pdl.unavailable("cuda") or (None if pdl.switched_on() else f"{pdl.ENV}=0 turns it off")
+    rows.append(("PDL", "programmatic dependent launch at decode: " + ("on" if why_not is None else f"off ({why_not})"),
+                 ""))
     xdist = _version("pytest-xdist")
     rows.append(("pytest-xdist", f"{xdist}: checks run in isolated workers" if xdist else "not installed: checks run in one process",
                  "" if xdist else "pip install -e '.[test]' (crash and hang isolation needs it)"))

@@ -227,8 +227,9 @@ def check_doctor(ran: Ran, names=()) -> dict[str, list[str]]:
     assert_ok(ran)
     lines = ran.lines()
     assert lines[0] == "normdiff doctor" and len(lines) <= 40, len(lines)
-    for item in ("python", "torch", "gpu", "triton", "tilelang", "nvcc", "pytest-xdist"):
+    for item in ("python", "torch", "gpu", "triton", "tilelang", "nvcc", "PDL", "pytest-xdist"):
         assert any(re.match(rf"  {item} ", line) for line in lines), item
+    assert any(re.match(r"  PDL .*: off \(no CUDA device here\)", line) for line in lines)  # and why
     gpu = lines.index(next(line for line in lines if line.startswith("  gpu ")))
     assert "none visible" in lines[gpu] and "fix:" in lines[gpu + 1]  # what to do about it
     rows: dict[str, list[str]] = {}
