@@ -138,9 +138,7 @@ def run_benchmark(item: BenchItem, benchmark, ctx: BenchContext) -> None:
 def pdl_refusal(device) -> str | None:
     """Why a PDL-on timing cannot run on ``device`` here, else None: PDL cannot launch there, or
     the process turned it off (NORMDIFF_PDL=0 holds for the benchmarks too)."""
-    why = pdl.unavailable(device)
-    if why is None and not pdl.switched_on():
-        why = f"{pdl.ENV}=0: PDL is off for this process"
+    why = pdl.why_off(device)
     return why and f"PDL on: {why}"
 
 

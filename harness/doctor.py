@@ -118,7 +118,7 @@ def machine() -> list[tuple[str, str, str]]:
                  "" if nvcc else "TileLang compiles with nvcc: put CUDA's bin on PATH or set CUDA_HOME"))
     from impls import pdl
 
-    why_not = pdl.unavailable("cuda") or (None if pdl.switched_on() else f"{pdl.ENV}=0 turns it off")
+    why_not = pdl.why_off("cuda")
     rows.append(("PDL", "programmatic dependent launch at decode: " + ("on" if why_not is None else f"off ({why_not})"),
                  ""))
     xdist = _version("pytest-xdist")

@@ -23,6 +23,8 @@ before any backend code runs, as the plain norms' does; a kernel writes ``_forwa
 """
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -98,6 +100,23 @@ class FusedSpec(NormSpec):
 
 def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
+
+
+def float32(v: float) -> float:
+    """v rounded to float32 (to nearest), infinite beyond its range."""
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def float32_reciprocal(scale: float) -> float:
+    """1 / scale in float32, correctly rounded: the float64 quotient of 1 and the float32 scale,
+    rounded to float32 (rounding twice is harmless for a quotient where the first precision, 53
+    bits, is at least 2 x 24 + 2). What a kernel that multiplies an fp8 y by the reciprocal of its
+    scale is given: a Python float, not a tensor (a tensor division costs a call microseconds)."""
+    s = float32(float(scale))
+    return math.inf if s == 0.0 else float32(1.0 / s)
 
 
 def spec_of_fused(op: str, x2: torch.Tensor, device: str, weight, bias, residual_dtype, params: FusedParams) -> FusedSpec:

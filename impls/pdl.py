@@ -19,7 +19,10 @@ whether this call launches with it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+
+import torch
 
 ENV = "NORMDIFF_PDL"
 MIN_CAPABILITY = (9, 0)
@@ -59,33 +62,39 @@ def _interpreted() -> bool:
 
 def unavailable(device) -> str | None:
     """Why a launch on ``device`` (a torch.device, or its type as a string) cannot use PDL, else
-    None. The switch is not a reason here: see ``enabled``."""
-    import torch
-
-    device = torch.device(device) if not isinstance(device, torch.device) else device
+    None. The switch is not a reason here: see ``enabled``. Asked at each launch of a kernel that
+    declares PDL, so the card's answer is asked of the driver once per device."""
+    device = device if isinstance(device, torch.device) else torch.device(device)
     if device.type != "cuda":
         return f"PDL is a CUDA launch attribute; this is a {device.type} device"
+    why = _card(device.index)
+    if why is None and _interpreted():
+        return "Triton's interpreter runs programs one at a time and cannot run griddepcontrol"
+    return why
+
+
+@functools.lru_cache(maxsize=None)
+def _card(index: int | None) -> str | None:
+    """Why the CUDA device ``index`` (None: the current one) cannot run PDL, else None."""
     if not torch.cuda.is_available():
         return "no CUDA device here"
-    if _interpreted():
-        return "Triton's interpreter runs programs one at a time and cannot run griddepcontrol"
-    cap = torch.cuda.get_device_capability(device)
+    cap = torch.cuda.get_device_capability(index)
     if cap < MIN_CAPABILITY:
         return f"compute capability {cap[0]}.{cap[1]}: PDL needs {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or more"
     return None
 
 
+def why_off(device) -> str | None:
+    """Why a kernel that can launch with PDL does not on ``device`` now: PDL cannot run there, or
+    the switch is off. None: it does."""
+    return unavailable(device) or (None if switched_on() else f"{ENV}=0: PDL is off for this process")
+
+
 def enabled(device) -> bool:
     """Whether a kernel that can launch with PDL does so on ``device`` now."""
-    return switched_on() and unavailable(device) is None
+    return why_off(device) is None
 
 
 def launches_pdl(kernel, device) -> bool:
     """Whether ``kernel`` launches with PDL on ``device`` now: it declares it can, and ``enabled``."""
     return bool(getattr(kernel, "pdl", False)) and enabled(device)
-
-
-def describe(kernel) -> str:
-    """One phrase for a report's backend line: whether the kernel can launch with PDL."""
-    return "launches with PDL where it runs (sm_90+, NORMDIFF_PDL not 0)" if getattr(kernel, "pdl", False) \
-        else "no PDL"

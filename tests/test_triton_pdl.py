@@ -8,8 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 from impls import pdl  # noqa: E402
-from impls.fused import FusedOutputs, FusedParams  # noqa: E402
-from impls.triton import fused as triton_fused  # noqa: E402
+from impls.fused import FusedParams  # noqa: E402
 from impls.triton.fused import TritonAddRMSNorm, TritonRMSNormFused  # noqa: E402
 from impls.triton.rms_norm import TritonRMSNormRowwise  # noqa: E402
 from impls.triton.settings import DECODE_MAX_ROWS  # noqa: E402
@@ -28,18 +27,11 @@ def _plain_kwargs(m: int) -> dict:
 
 
 def _fused_launch(kernel, m: int, out_dtype=None, scale=None) -> tuple:
-    got = []
-    real = triton_fused._run
-    triton_fused._run = lambda fn, x, grid, args, kwargs: got.append((fn, args, kwargs))
-    try:
-        x = torch.empty(m, 4096, dtype=torch.bfloat16)
-        r = torch.empty_like(x) if kernel.op.startswith("add_") else None
-        y = torch.empty(m, 4096, dtype=out_dtype or x.dtype)
-        out = FusedOutputs(y=y, residual_out=None if r is None else torch.empty_like(r), rstd=torch.empty(m))
-        kernel._forward(x, r, torch.empty(4096, dtype=x.dtype), None, 1e-6, FusedParams(0.0, out_dtype, scale), out)
-    finally:
-        triton_fused._run = real
-    return got[0]
+    x = torch.empty(m, 4096, dtype=torch.bfloat16)
+    r = torch.empty_like(x) if kernel.op.startswith("add_") else None
+    (fn, _, args, kwargs), = kernel.launches(x, r, torch.empty(4096, dtype=x.dtype), None,
+                                             FusedParams(0.0, out_dtype, scale))
+    return fn, args, kwargs
 
 
 def test_plain_decode_launches_with_pdl_where_it_runs(as_on_sm90):

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 if __name__ == "__main__":  # the offline PTX counts: triton loaded first, so it compiles, not interprets
     import triton  # noqa: F401
 
@@ -65,23 +67,14 @@ def _triton_ptx(kernel, m: int, n: int) -> str:
     """The PTX of a Triton fused kernel's fp8 forward launch (bf16 x, e4m3fn y), compiled for sm_90."""
     import torch
 
-    import impls.triton.fused as triton_fused
-    from impls.fused import FusedOutputs, FusedParams
+    from impls.fused import FusedParams
     from tools.triton_resources import compile_sm90
 
-    got, real = [], triton_fused._run
-    triton_fused._run = lambda fn, x, grid, args, kwargs: got.append((fn, args, dict(kwargs)))
-    try:
-        x = torch.empty(m, n, dtype=torch.bfloat16)
-        add = kernel.op.startswith("add_")
-        out = FusedOutputs(y=torch.empty(m, n, dtype=torch.float8_e4m3fn), residual_out=torch.empty_like(x) if add else None,
-                           rstd=torch.empty(m))
-        kernel._forward(x, torch.empty_like(x) if add else None, torch.empty(n, dtype=x.dtype), None, 1e-6,
-                        FusedParams(0.0, torch.float8_e4m3fn, 0.5, "out_y" if add else "new"), out)
-    finally:
-        triton_fused._run = real
-    fn, args, kwargs = got[0]
-    return compile_sm90(fn, args, kwargs).asm["ptx"]
+    x = torch.empty(m, n, dtype=torch.bfloat16)
+    add = kernel.op.startswith("add_")
+    (fn, _, args, kwargs), = kernel.launches(x, torch.empty_like(x) if add else None, torch.empty(n, dtype=x.dtype),
+                                             None, FusedParams(0.0, torch.float8_e4m3fn, 0.5, "out_y" if add else "new"))
+    return compile_sm90(fn, args, dict(kwargs)).asm["ptx"]
 
 
 def _tilelang_ptx(kernel, m: int, n: int) -> str:
@@ -117,15 +110,15 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="16384x4096")
     args = ap.parse_args(argv)
     m, n = map(int, args.shape.split("x"))
+    # Every fused kernel of the two backends with an fp8 output, the candidates among them.
     rows = {}
-    for op in ("rms_norm", "add_rms_norm"):
-        for backend in ("triton", "probe_div", "tilelang", "probe_tldiv", "probe_tlvec8"):
-            try:
-                kernel = registry.get(op, backend, "fused", family="fused")
-            except Exception:  # noqa: BLE001 (a backend not registered here: left out)
-                continue
-            ptx = (_tilelang_ptx if backend in ("tilelang", "probe_tldiv", "probe_tlvec8") else _triton_ptx)(kernel, m, n)
-            rows[f"{kernel.name}/{op}"] = ptx_counts(ptx)
+    for kernel in registry.kernels(family="fused"):
+        if kernel.op not in ("rms_norm", "add_rms_norm") or torch.float8_e4m3fn not in kernel.out_dtypes:
+            continue
+        # By what the kernel offers: Triton's recorded launches, TileLang's plans.
+        ptx = _triton_ptx if hasattr(kernel, "launches") else _tilelang_ptx if hasattr(kernel, "plan_settings") else None
+        if ptx is not None:
+            rows[f"{kernel.name}/{kernel.op}"] = ptx_counts(ptx(kernel, m, n))
     print(json.dumps(rows, indent=1))
     return 0
 

@@ -3,14 +3,12 @@ the decode rule, PDL and the fp8 output's settings, from (op, dtype, N, affine, 
 Plain Python: no tilelang import."""
 from __future__ import annotations
 
-import math
-import struct
 from dataclasses import dataclass
 
 import torch
 
 from impls.base import dtype_name
-from impls.fused import BASE_OP, fp8_max
+from impls.fused import BASE_OP, float32_reciprocal, fp8_max
 from impls.gpu_limits import SM_REGISTERS, SM_THREADS, cdiv, next_pow2
 from impls.tilelang.plan import DECODE_MAX_ROWS, MAX_THREADS, MIN_BLOCK_THREADS, SPLITK_THREADS, Plan
 
@@ -132,23 +130,9 @@ def fused_plan(op: str, dtype: torch.dtype | str, n: int, has_weight: bool, has_
 
 def fp8_scale_argument(plan: FusedPlan, scale: float | None) -> float:
     """The kernel's scale argument: 1.0 without an fp8 y; the scale; or, for "host_reciprocal",
-    1/scale in float32: the float64 quotient of 1 and the float32 scale, rounded to float32, which
-    is the correctly rounded float32 reciprocal (rounding twice is harmless for a quotient where
-    the first precision, 53 bits, is at least 2 x 24 + 2). A Python float, not a tensor: a tensor
-    division would cost the call microseconds."""
+    1/scale in float32 (impls.fused.float32_reciprocal)."""
     if plan.out_dtype is None:
         return 1.0
     if plan.fp8_scale != "host_reciprocal":
         return float(scale)
-    s = _float32(float(scale))
-    if s == 0.0:
-        return math.inf
-    return _float32(1.0 / s)
-
-
-def _float32(v: float) -> float:
-    """v rounded to float32 (to nearest), infinite beyond its range."""
-    try:
-        return struct.unpack("f", struct.pack("f", v))[0]
-    except OverflowError:
-        return math.copysign(math.inf, v)
+    return float32_reciprocal(scale)

@@ -21,7 +21,9 @@ from functools import lru_cache
 
 import torch
 
-from impls.fused import ADD_OPS, BASE_OP, FP8_DTYPES, FusedGrads, FusedNormKernel, FusedOutputs, FusedParams, fp8_max
+from impls.base import DEFAULT_EPS
+from impls.fused import (ADD_OPS, BASE_OP, FP8_DTYPES, FusedGrads, FusedNormKernel, FusedOutputs, FusedParams,
+                         float32_reciprocal, fp8_max)
 from impls.gpu_limits import cdiv, next_pow2
 from impls.registry import register
 from impls.repro_calls import through_normdiff
@@ -137,13 +139,33 @@ class _TritonFused(FusedNormKernel):
             kwargs.update(PDL=True, launch_pdl=True)
         scale = float(params.scale or 1.0)
         if fp8 and self.fp8_recip:
-            # The reciprocal in float32, as the kernel multiplies by it.
-            scale = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(scale, dtype=torch.float32))
+            scale = float32_reciprocal(scale)  # the kernel multiplies by it
         fn = _kernels().fused_norm_looped if cfg.block_n < n else _kernels().fused_norm_rowwise
         args = (x, r, weight if weight is not None else x, bias if bias is not None else x, y, ro, mean, rstd,
                 m, n, x.stride(0), r.stride(0), y.stride(0), ro.stride(0), eps, float(params.weight_offset),
                 scale, fp8_max(params.out_dtype) if fp8 else 1.0)
+        if self._recorded is not None:
+            self._recorded.append((fn, (cdiv(m, cfg.rows),), args, kwargs))
+            return
         _run(fn, x, (cdiv(m, cfg.rows),), args, kwargs)
+
+    _recorded: list | None = None
+
+    def launches(self, x: torch.Tensor, residual, weight, bias, params: FusedParams = FusedParams(),
+                 eps: float | None = None) -> list[tuple]:
+        """What a forward on these 2-D rows launches, as (kernel, grid, args, kwargs), without
+        running anything: for the tools that compile the kernels offline (tools.pdl_wait_check,
+        tools.decode_fp8_candidates) and tests. The tensors are never read."""
+        m, n = x.shape
+        out = FusedOutputs(y=torch.empty(m, n, dtype=params.out_dtype or x.dtype, device=x.device),
+                           residual_out=None if residual is None else torch.empty_like(residual),
+                           mean=torch.empty(m, device=x.device), rstd=torch.empty(m, device=x.device))
+        self._recorded = []
+        try:
+            self._forward(x, residual, weight, bias, DEFAULT_EPS[self.op] if eps is None else eps, params, out)
+            return self._recorded
+        finally:
+            del self._recorded
 
     # -- backward -----------------------------------------------------------------------------
     def _backward(self, src, weight, bias, dy, d_residual_out, saved: FusedOutputs, eps: float,
