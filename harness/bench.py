@@ -152,7 +152,7 @@ def launch(item: BenchItem, device: str, info: dict):
             pytest.skip(why)
     with pdl.forced(item.pdl) if item.pdl is not None else contextlib.nullcontext():
         if item.shape.regime != "backward":  # the declaration is the forward's
-            info["pdl"] = pdl.launches_pdl(item.kernel, device)
+            info["pdl"] = item.kernel.launches_pdl(device, item.shape.m)
         yield
 
 

@@ -90,6 +90,9 @@ class KernelContract:
     # (griddepcontrol.wait) before reading its inputs, and does launch with it where
     # ``impls.pdl.enabled(device)``. The benchmarks time such a kernel with PDL on and off.
     pdl: ClassVar[bool] = False
+    # ... and only for calls of at most this many rows (the decode rule: at many rows the grid's
+    # own waves leave launch latency nothing to hide); None: at any.
+    pdl_max_rows: ClassVar[int | None] = None
     # Python distributions whose versions a report states for this kernel (e.g. "triton").
     packages: ClassVar[tuple[str, ...]] = ()
     # Why two calls on identical inputs may give different bits (atomics, a reduction order
@@ -123,10 +126,12 @@ class KernelContract:
         return f"<{self.op} kernel {self.name}>"
 
     # -- capability -------------------------------------------------------------------------
-    def launches_pdl(self, device) -> bool:
-        """Whether a call on ``device`` launches with PDL now (impls.pdl)."""
+    def launches_pdl(self, device, rows: int | None = None) -> bool:
+        """Whether a call on ``device`` of ``rows`` rows (None: any) launches with PDL now
+        (impls.pdl, ``pdl_max_rows``)."""
         from impls.pdl import launches_pdl
-        return launches_pdl(self, device)
+        limit = self.pdl_max_rows
+        return launches_pdl(self, device) and (rows is None or limit is None or rows <= limit)
 
     def availability(self) -> str | None:
         """None when the backend can run in this process, else why not (shown as a skip)."""

@@ -43,6 +43,14 @@ def test_plain_decode_launches_with_pdl_where_it_runs(as_on_sm90):
         assert "launch_pdl" not in _plain_kwargs(1)
 
 
+def test_the_row_limit_is_the_kernels_own_answer(as_on_sm90):
+    """launches_pdl(device, rows): what the benchmark's rows record and the native replay trusts."""
+    for kernel in (TritonRMSNormRowwise(), TritonAddRMSNorm()):
+        assert kernel.launches_pdl("cuda", 1) and kernel.launches_pdl("cuda", DECODE_MAX_ROWS)
+        assert not kernel.launches_pdl("cuda", DECODE_MAX_ROWS + 1)
+        assert kernel.launches_pdl("cuda")  # any row count: whether it may at all
+
+
 def test_no_pdl_where_it_cannot_run():
     assert pdl.unavailable("cpu") and "launch_pdl" not in _plain_kwargs(1)
 

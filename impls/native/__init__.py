@@ -14,11 +14,12 @@ cuLaunchKernelEx for a launch with programmatic dependent launch, below).
 PDL (impls.pdl). A launch recorded with PDL is replayed with its attribute
 (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION through cuLaunchKernelEx); one recorded
 without it, without. Which it was, per launch (``replay_pdl``): the kernel's declaration at
-recording time (``kernel.launches_pdl(device)``) says whether it may launch with PDL at all, and
+recording time (``kernel.launches_pdl(device, rows)``) says whether it may launch with PDL at all, and
 the capture says whether each launch did. A kernel that may is captured behind a launch of its
 own (a one-element add), so that even its first launch has an edge before it: a capture turns a
-PDL launch into a programmatic edge. A kernel's declaration alone would not do: Triton's rowwise
-kernels launch with PDL at their decode setting only, and a launch that never waits
+PDL launch into a programmatic edge. A kernel's declaration alone would not do: it holds for a
+row count, and a kernel may still launch without PDL there (TileLang's where the weight does not
+fit in registers beside the row), and a launch that never waits
 (griddepcontrol.wait) replayed with PDL could read its input before the kernel before it wrote
 it. The node's own programmatic-serialization attribute counts too where the driver reports it
 (a 0 proves nothing: the capture moved PDL into the edge). Refused: a launch that shows PDL the
@@ -271,7 +272,7 @@ def replay_pdl(declared: bool, evidence, launch_ex: bool) -> list[bool]:
 
 
 def _capture(mod, kernel, x, x2, weight, bias):
-    declared = kernel.launches_pdl(x.device)
+    declared = kernel.launches_pdl(x.device, x2.shape[0])
     # A kernel that may launch with PDL is captured behind a launch of its own: its first launch
     # then has an edge before it, programmatic where it used PDL.
     lead = torch.zeros(1, dtype=torch.int32, device=x.device) if declared else None

@@ -100,8 +100,8 @@ class TileLangKernel(TileLangBackend, TileLangBackward, NormKernel):
         hide), a kernel that declares it (``pdl``), a program that has the form (PDL_VARIANTS)
         within the registers (``pdl_fits``), and ``impls.pdl.enabled(device)``. The flag is part
         of the plan, so a change of the switch compiles (and looks up) the other program."""
-        few = m is not None and m <= DECODE_MAX_ROWS and device is not None
-        if few and plan.variant in PDL_VARIANTS and pdl_fits(plan) and self.launches_pdl(device):
+        few = m is not None and device is not None and self.launches_pdl(device, m)
+        if few and plan.variant in PDL_VARIANTS and pdl_fits(plan):
             return dataclasses.replace(plan, pdl=True)
         return plan
 

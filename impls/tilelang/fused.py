@@ -50,6 +50,7 @@ class _TileLangFused(TileLangBackend, FusedNormKernel):
     batch_invariant = True
     # Few rows read once launch with PDL where it runs (impls.pdl; fused_plan's decode rule).
     pdl = True
+    pdl_max_rows = DECODE_MAX_ROWS
     source = "impls/tilelang/_fused_programs.py"
     # fused_plan's keyword settings over the rules for every plan this kernel makes: out_vec (the
     # widest an fp8 y may take; narrower where its layout needs), fp8_scale, threads_per_row,
@@ -72,10 +73,9 @@ class _TileLangFused(TileLangBackend, FusedNormKernel):
         name = lambda d: None if d is None else (d if isinstance(d, str) else dtype_name(d))  # noqa: E731
         out = FP8_NAMES.get(out_dtype, out_dtype) if out_dtype is not None else None
         settings = dict(self.plan_settings)
-        few = m is not None and m <= DECODE_MAX_ROWS
         use_pdl = settings.pop("pdl", None)
         if use_pdl is None:
-            use_pdl = few and device is not None and self.launches_pdl(device)
+            use_pdl = m is not None and device is not None and self.launches_pdl(device, m)
         widest = settings.pop("out_vec", None)
         if out_dtype is not None:
             out_vec = min(v for v in (out_vec, widest, choose_out_vec(n)) if v)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from impls.base import NormOutputs
 from impls.registry import register
 from impls.tilelang._kernel import TileLangKernel
+from impls.tilelang.plan import DECODE_MAX_ROWS
 
 
 @register
@@ -13,6 +14,7 @@ class TileLangLayerNormFwd(TileLangKernel):
     variant = "layer_norm_fwd"
     batch_invariant = False  # few rows may take a decode plan (m_thresholds)
     pdl = True  # few rows of at most FRAGMENT_MAX_N launch with PDL where it runs (TileLangKernel.pdl_plan)
+    pdl_max_rows = DECODE_MAX_ROWS
     outputs = ("y", "mean", "rstd")
     # Any N: rows beyond FRAGMENT_MAX_N take the two-pass plan (plan.make_plan); one plan per N
     # for every M there, and every reduction in a fixed order (deterministic).

@@ -4,7 +4,7 @@ from __future__ import annotations
 from impls.base import NormOutputs
 from impls.registry import register
 from impls.tilelang._kernel import TileLangKernel
-from impls.tilelang.plan import FRAGMENT_MAX_N
+from impls.tilelang.plan import DECODE_MAX_ROWS, FRAGMENT_MAX_N
 
 
 class _TileLangRMSNorm(TileLangKernel):
@@ -31,6 +31,7 @@ class TileLangRMSNormFragment(_TileLangRMSNorm):
     variant = "fragment"
     batch_invariant = False  # few rows may take a decode plan (m_thresholds)
     pdl = True  # few rows launch with PDL where it runs (TileLangKernel.pdl_plan)
+    pdl_max_rows = DECODE_MAX_ROWS
     max_n = FRAGMENT_MAX_N
     capacity = "register"
     longer_rows_by = "tilelang.splitk"

@@ -160,30 +160,24 @@ class RowwiseKernel(TritonKernel):
     def m_thresholds(self, spec) -> tuple[int, ...]:
         return (DECODE_MAX_ROWS,) if next_pow2(spec.n) >= DECODE_MIN_BLOCK else ()
 
-    # At the decode setting (few rows: latency, not bandwidth) the rowwise kernels launch with
-    # programmatic dependent launch where it runs (impls.pdl); at many rows the grid's own waves
-    # leave launch latency nothing to hide.
+    # At few rows (latency, not bandwidth) the rowwise kernels launch with programmatic dependent
+    # launch where it runs (impls.pdl).
     pdl = True
+    pdl_max_rows = DECODE_MAX_ROWS
 
     def _meta(self, cfg: LaunchConfig) -> dict:
         rows = {} if cfg.one_row else super()._meta(cfg)
         return {**rows, "W_FIRST": cfg.w_first}
 
-    def pdl_on(self, device, cfg: LaunchConfig) -> bool:
-        """Whether a launch with setting ``cfg`` on ``device`` uses PDL: the decode setting only."""
-        return cfg.w_first and self.launches_pdl(device)
-
     def launch_kwargs(self, x: torch.Tensor, cfg: LaunchConfig, **meta) -> dict:
         kwargs = super().launch_kwargs(x, cfg, **meta)
-        if self.pdl_on(x.device, cfg):
+        if self.launches_pdl(x.device, x.shape[0]):
             kwargs.update(PDL=True, launch_pdl=True)
         return kwargs
 
     def compile_key(self, spec, cfg: LaunchConfig | None = None):
         key = super().compile_key(spec, cfg)
-        if key is None:
-            return None
-        return key + (self.pdl_on(spec.device, cfg or self.config(spec.n, spec.dtype, spec.rows)),)
+        return None if key is None else key + (self.launches_pdl(spec.device, spec.rows),)
 
     def run(self, x: torch.Tensor, cfg: LaunchConfig, tensors: tuple, scalars: tuple, **meta) -> None:
         name = self._row_kernel_name if cfg.one_row else self._kernel_name

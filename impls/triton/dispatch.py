@@ -69,7 +69,8 @@ def _variant(op: str, variant: str) -> TritonKernel:
 class _Auto(_Dispatch):
     variant = "auto"
     batch_invariant = False
-    pdl = True  # at decode sizes it runs rowwise's decode setting, which launches with PDL
+    pdl = True  # at few rows it runs rowwise, which launches with PDL there
+    pdl_max_rows = DECODE_MAX_ROWS
 
 
 class _Invariant(_Dispatch):

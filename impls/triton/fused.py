@@ -64,8 +64,9 @@ class _TritonFused(FusedNormKernel):
     # Few rows take the decode setting (one row a program, other warps: another reduction order),
     # so a row's bits may change where M crosses DECODE_MAX_ROWS (m_thresholds).
     batch_invariant = False
-    # The decode setting launches with programmatic dependent launch where it runs (impls.pdl).
+    # Few rows launch with programmatic dependent launch where it runs (impls.pdl).
     pdl = True
+    pdl_max_rows = DECODE_MAX_ROWS
     # fp8 output: y times the reciprocal of the scale, taken once on the host (_store_out).
     fp8_recip = True
     backward_batch_invariant = True  # dx per row (dw and db: the plain backward's fixed grouping)
@@ -94,10 +95,6 @@ class _TritonFused(FusedNormKernel):
         one_tile = next_pow2(spec.n) <= ONE_TILE_MAX
         return (DECODE_MAX_ROWS,) if one_tile and next_pow2(spec.n) >= DECODE_MIN_BLOCK else ()
 
-    def pdl_on(self, device, cfg: LaunchConfig) -> bool:
-        """Whether a launch with setting ``cfg`` uses PDL: the decode setting, where it runs."""
-        return cfg.w_first and self.launches_pdl(device)
-
     def compile_key(self, spec, cfg: LaunchConfig | None = None):
         if _launch.state().interpreted or spec.device != "cuda":
             return None  # the interpreter compiles nothing
@@ -106,7 +103,7 @@ class _TritonFused(FusedNormKernel):
         cfg = cfg or self.config(spec.n, spec.dtype, spec.rows)
         return (self.variant, self.op, spec.dtype, getattr(spec, "residual_dtype", None),
                 getattr(spec, "out_dtype", None), getattr(spec, "write", "new"), spec.n, cfg, spec.has_weight,
-                spec.has_bias, spec.rows == 1, spec.row_stride % 16 == 0, self.pdl_on(spec.device, cfg))
+                spec.has_bias, spec.rows == 1, spec.row_stride % 16 == 0, self.launches_pdl(spec.device, spec.rows))
 
     # -- forward ------------------------------------------------------------------------------
     def _forward(self, x, residual, weight, bias, eps: float, params: FusedParams, out: FusedOutputs,
@@ -135,7 +132,7 @@ class _TritonFused(FusedNormKernel):
                       FP8_RECIP=self.fp8_recip, W_FIRST=cfg.w_first)
         if not interp:
             kwargs["num_warps"] = cfg.num_warps
-        if not stats_only and self.pdl_on(x.device, cfg):
+        if not stats_only and self.launches_pdl(x.device, m):
             kwargs.update(PDL=True, launch_pdl=True)
         scale = float(params.scale or 1.0)
         if fp8 and self.fp8_recip:
